@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import shlex
+import signal
 import sys
 
 from termchat import __version__
@@ -113,6 +114,13 @@ def cmd_serve(args) -> int:
             print(f"# environment: {env}")
         return 0
     show, done = _progress_printer()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    # SIGTERM, and SIGINT even where a shell started us with it ignored, stop cleanly
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, interrupt)
     engine = server.ManagedEngine.launch(profile)
     try:
         engine.wait_ready(progress=show)
@@ -141,6 +149,8 @@ def cmd_ask(args) -> int:
     from termchat.sanitize import inert
 
     profile = _config(args).get(args.profile)
+    if args.no_speculation:
+        profile = profile.without_speculation()
     prompt = " ".join(args.prompt) if args.prompt else sys.stdin.read()
     if not prompt.strip():
         raise UserError("no prompt: give it as arguments or on stdin")
@@ -228,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-auto-temperature", action="store_true", help="do not lower the temperature for code prompts")
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--no-speculation", action="store_true", help="the profile's engine settings without speculation (profile NAME-nospec)")
     p.set_defaults(func=cmd_ask)
 
     p = common(sub.add_parser("serve", help="run a profile's vLLM server in the foreground"))

@@ -364,7 +364,7 @@ def _parse_profile(name: str, table: dict, file: str, problem) -> Profile | None
             if not isinstance(env_value, (str, int, float, bool)):
                 bad(env_key, "environment values must be strings", f"{where}.env")
         values["env"] = {k: str(v) for k, v in values["env"].items()}
-    if "model" not in table and "endpoint" not in table and name != "local":
+    if not errors and "model" not in table and "endpoint" not in table and name != "local":
         bad(None, "has no `model`; add model = \"org/name\" or a local folder")
 
     if errors:

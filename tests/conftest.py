@@ -1,0 +1,90 @@
+"""Shared fixtures: a throw-away termchat home, and ONE real engine per session.
+
+The shared engine is `termchat serve --profile local` run as a child process
+(the real vLLM CPU build with the packaged SmolLM2 model). Everything in
+termchat that opens the `local` profile attaches to it through serve's state
+file, exactly as `termchat ask` does for a user, so no test starts its own
+copy. Tests that need a different engine configuration (no speculation, a
+draft model) start one, one at a time, in their own module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from termchat import models, paths
+
+ROOT = Path(__file__).resolve().parent.parent
+TERMCHAT = [sys.executable, "-m", "termchat.cli"]
+
+
+def vllm_processes() -> list[str]:
+    """Live (non-zombie) processes that are part of a vLLM server."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and ("vllm.entrypoints" in cmd or cmd.startswith("VLLM::")):
+            found.append(f"{entry.name} {cmd[:120]}")
+    return found
+
+
+def group_alive(pgid: int) -> list[int]:
+    from termchat.engine.server import _group_members
+
+    return _group_members(pgid)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def termchat_home(tmp_path_factory):
+    """Keep tests out of the user's folders; share the converted model."""
+    real_models = paths.models_dir()
+    home = tmp_path_factory.mktemp("termchat-home")
+    os.environ["TERMCHAT_HOME"] = str(home)
+    os.environ["TERMCHAT_MODELS"] = str(real_models)
+    os.environ.pop("TERMCHAT_CONFIG", None)
+    yield home
+
+
+@pytest.fixture(scope="session")
+def prepared_model(termchat_home):
+    models.prepare(quiet=True)  # no-op when the set-up already did it
+    return models.folder("termchat:smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def shared_engine(prepared_model):
+    """The session's one `local` engine, run by `termchat serve`."""
+    from termchat.engine import server
+    from termchat.profiles import builtin_profiles
+
+    profile = builtin_profiles()["local"]
+    log = open(paths.state_dir().parent / "serve.out", "wb") if paths.state_dir().parent.exists() else subprocess.DEVNULL
+    proc = subprocess.Popen([*TERMCHAT, "serve", "--profile", "local"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    deadline = time.monotonic() + 400
+    engine = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        engine = server.find_served(profile)
+        if engine:
+            break
+        time.sleep(1)
+    if engine is None:
+        proc.kill()
+        pytest.fail(f"termchat serve did not come up (exit {proc.poll()}); see {getattr(log, 'name', '')}")
+    yield engine
+    os.killpg(proc.pid, signal.SIGINT)  # serve stops its engine on Ctrl+C
+    proc.wait(timeout=60)
+    left = group_alive(engine.pid)
+    assert not left, f"engine processes survived `termchat serve` shutdown: {left}"

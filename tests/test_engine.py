@@ -1,0 +1,78 @@
+"""The real engine: streaming, speculation statistics, the API key, `termchat ask`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import httpx
+import pytest
+
+from termchat.engine.client import ChatStream, Sampling, complete_sync
+
+from .conftest import ROOT, TERMCHAT
+
+pytestmark = pytest.mark.engine
+
+REPEAT_CODE = """Repeat this code exactly, with no comment:
+
+def add(a, b):
+    return a + b
+
+
+def sub(a, b):
+    return a - b
+
+
+def mul(a, b):
+    return a * b
+"""
+
+
+def test_reply_streams_in_several_steps(shared_engine):
+    stream = complete_sync(shared_engine, [{"role": "user", "content": "Count from 1 to 20."}], Sampling(temperature=0.0, max_tokens=40))
+    assert len(stream.steps) > 3
+    times = [s.at for s in stream.steps]
+    assert times == sorted(times) and times[-1] > times[0]  # arrived over time, not in one piece
+    assert stream.text == "".join(s.text for s in stream.steps) and stream.text.strip()
+    assert stream.stats.output_tokens == sum(len(s.token_ids) for s in stream.steps)
+    assert stream.stats.decode_tokens_per_s > 0 and stream.stats.ttft_s > 0
+
+
+def test_local_ngram_speculation_pays_on_repeated_code(shared_engine):
+    stream = complete_sync(shared_engine, [{"role": "user", "content": REPEAT_CODE}], Sampling(temperature=0.0, max_tokens=120))
+    stats = stream.stats
+    assert stats.acceptance_source == "server"
+    assert stats.acceptance_rate > 0.3, stats.summary()
+    assert stats.mean_acceptance_length > 1.5, stats.summary()
+    assert len(stats.acceptance_per_position) == 5
+    # some steps carried several tokens: drafts were accepted where we could see them
+    assert max(len(s.token_ids) for s in stream.steps) > 1
+
+
+def test_request_without_the_api_key_is_refused(shared_engine):
+    body = {"model": shared_engine.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert httpx.post(shared_engine.base_url + "/chat/completions", json=body, timeout=30).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-key"}
+    assert httpx.post(shared_engine.base_url + "/chat/completions", json=body, headers=wrong, timeout=30).status_code == 401
+    assert httpx.post(shared_engine.base_url + "/chat/completions", json=body, headers=shared_engine.headers(), timeout=60).status_code == 200
+
+
+def test_ask_json_attaches_to_the_served_engine_and_reports_every_statistic(shared_engine):
+    result = subprocess.run([*TERMCHAT, "ask", "--json"], input=REPEAT_CODE, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in ("text", "output_tokens", "ttft_s", "decode_tokens_per_s", "acceptance_rate", "mean_acceptance_length", "acceptance_per_position", "temperature"):
+        assert key in data, key
+    assert data["output_tokens"] > 0 and data["text"]
+    assert data["temperature"] == 0.0  # a code prompt: the profile's code_temperature
+    assert data["acceptance_source"] == "server"
+    # attached, not owned: the shared engine is still up
+    assert httpx.get(shared_engine.root_url + "/health", timeout=10).status_code == 200
+
+
+def test_ask_streams_text_to_stdout_and_stats_to_stderr(shared_engine):
+    result = subprocess.run([*TERMCHAT, "ask", "Say hello."], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "tok/s" in result.stderr and "T=0.7" in result.stderr and "text prompt" in result.stderr
