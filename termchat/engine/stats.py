@@ -49,6 +49,19 @@ class ReplyStats:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def short(self) -> str:
+        """One line under a reply in the TUI."""
+        parts = [f"{self.output_tokens} tokens"]
+        if self.decode_tokens_per_s is not None:
+            parts.append(f"{self.decode_tokens_per_s:.1f} tok/s")
+        if self.ttft_s is not None:
+            parts.append(f"TTFT {self.ttft_s:.2f} s")
+        if self.acceptance_rate is not None:
+            parts.append(f"acceptance {self.acceptance_rate:.0%}")
+        if self.mean_acceptance_length is not None:
+            parts.append(f"mean length {self.mean_acceptance_length:.2f}")
+        return " · ".join(parts)
+
     def summary(self) -> str:
         parts = [f"{self.output_tokens} tokens"]
         if self.ttft_s is not None:

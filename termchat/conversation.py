@@ -1,0 +1,43 @@
+"""One conversation's state, independent of any UI: the messages so far, the
+system prompt, and how the next prompt's temperature is chosen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from termchat.classify import Classification, classify
+from termchat.profiles import Profile
+
+
+@dataclass(frozen=True)
+class TemperatureChoice:
+    value: float
+    lowered: bool  # the code temperature was applied
+    reason: str
+
+    def label(self) -> str:
+        return f"T={self.value:g}" + (" ↓code" if self.lowered else "") + f" ({self.reason})"
+
+
+@dataclass
+class Conversation:
+    system_prompt: str = ""
+    messages: list[dict] = field(default_factory=list)  # user/assistant turns
+    auto_temperature: bool = True
+    forced_temperature: float | None = None  # `/temp X`, for the next message only
+
+    def choose_temperature(self, prompt: str, profile: Profile) -> TemperatureChoice:
+        if self.forced_temperature is not None:
+            value, self.forced_temperature = self.forced_temperature, None
+            return TemperatureChoice(value, False, "set with /temp")
+        kind: Classification = classify(prompt)
+        if not self.auto_temperature:
+            return TemperatureChoice(profile.temperature, False, f"auto off; {kind.kind} prompt")
+        if kind.is_code:
+            return TemperatureChoice(profile.code_temperature, profile.code_temperature < profile.temperature, f"code: {kind.reason}")
+        return TemperatureChoice(profile.temperature, False, "text prompt")
+
+    def request(self, profile: Profile) -> list[dict]:
+        """The messages to send: system prompt first, then the turns."""
+        system = self.system_prompt or profile.system_prompt
+        return ([{"role": "system", "content": system}] if system else []) + list(self.messages)

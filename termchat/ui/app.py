@@ -1,0 +1,524 @@
+"""The Textual app: chat on a speculative engine, and show whether it pays.
+
+It paints at once and starts the engine in the background (a child process:
+nothing vLLM prints reaches the terminal), showing start-up progress and the
+log tail. A prompt typed before the engine is ready waits and goes when it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Footer, Static
+
+from termchat import paths
+from termchat.attach import fenced_file
+from termchat.conversation import Conversation, TemperatureChoice
+from termchat.engine import server
+from termchat.engine.client import ChatStream, ReplyInterrupted, Sampling
+from termchat.engine.stats import Step
+from termchat.errors import UserError
+from termchat.profiles import Config, Profile, builtin_profiles, load_config
+from termchat.sanitize import inert
+from termchat.ui.screens.ask_text import AskText
+from termchat.ui.screens.help import HelpScreen
+from termchat.ui.screens.picker import ProfilePicker
+from termchat.ui.themes import highlight_theme, load_all
+from termchat.ui.widgets.message import MessageView, ThemedFence
+from termchat.ui.widgets.prompt import PromptArea
+from termchat.ui.widgets.status import StatusBar
+
+DEFAULT_THEME = "termchat-dark"
+UI_STATE = "ui.json"
+
+
+def _read_ui_state() -> dict:
+    try:
+        return json.loads((paths.state_dir() / UI_STATE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_ui_state(**changes) -> None:
+    state = {**_read_ui_state(), **changes}
+    try:
+        paths.state_dir().mkdir(parents=True, exist_ok=True)
+        (paths.state_dir() / UI_STATE).write_text(json.dumps(state))
+    except OSError:
+        pass  # remembering the theme is a convenience, never a failure
+
+
+class TermchatApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "termchat"
+    BINDINGS = [
+        Binding("f1", "help", "Help"),
+        Binding("f2", "pick_profile", "Profiles"),
+        Binding("escape", "cancel_reply", "Cancel reply"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+e", "edit_last", "Edit last"),
+        Binding("ctrl+y", "copy_code", "Copy code"),
+        Binding("ctrl+s", "save_code", "Save code"),
+        Binding("ctrl+n", "new_conversation", "New chat"),
+        Binding("ctrl+t", "cycle_theme", "Theme"),
+        Binding("f4", "toggle_auto_temperature", "Auto temp"),
+        Binding("f5", "restart_engine", "Restart engine"),
+        Binding("f6", "toggle_tint", "Draft tint"),
+        *[Binding(f"alt+{i}", f"switch_index({i - 1})", f"Profile {i}", show=False) for i in range(1, 10)],
+    ]
+
+    def __init__(self, config: Config | None = None, config_error: str | None = None, profile: str | None = None, theme: str | None = None, start_engine: bool = True):
+        super().__init__()
+        self.config = config or Config(builtin_profiles())
+        self.config_error = config_error
+        self.start_engine_on_mount = start_engine and not config_error
+        self.profile: Profile = self.config.get(profile) if profile in self.config.profiles or profile is None else self.config.get(None)
+        self.requested_profile = profile
+        self.engine: server.Engine | None = None
+        self.conversation = Conversation()
+        self.pending: tuple[MessageView, TemperatureChoice] | None = None
+        self.attachments: list[str] = []
+        self.tint = False
+        self.token_text: dict[int, str] = {}
+        self.code_highlight = None
+        self.termchat_themes, self.theme_problems = load_all()
+        for item in self.termchat_themes.values():
+            self.register_theme(item.theme)
+        self.theme_names = list(self.termchat_themes)
+        self._initial_theme = theme
+
+    # ---- layout -----------------------------------------------------------------------
+
+    def compose(self):
+        yield VerticalScroll(id="chat")
+        with Vertical(id="engine-panel"):
+            yield Static(id="engine-status", markup=False)
+            yield Static(id="engine-log", markup=False)
+        yield PromptArea(id="prompt")
+        yield StatusBar(id="status")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.theme_changed_signal.subscribe(self, self._on_theme_changed)
+        self.apply_theme(self._choose_theme())
+        self._status_for_profile()
+        self.query_one("#chat").anchor()
+        self.query_one(PromptArea).focus()
+        for problem in self.theme_problems:
+            self.notify(problem, severity="warning", timeout=10)
+        if self.config_error:
+            self._panel("Configuration problem", self.config_error + "\n\nFix the file and restart termchat, or press F2 to pick a built-in profile.", failed=True)
+            self.status(engine="no config")
+        elif self.requested_profile and self.requested_profile not in self.config.profiles:
+            self._panel("Unknown profile", f"There is no profile '{self.requested_profile}'. Using '{self.profile.name}'. Known: {', '.join(self.config.profiles)}", failed=True)
+            self.start_engine(self.profile)
+        elif self.start_engine_on_mount:
+            self.start_engine(self.profile)
+        else:
+            self.query_one("#engine-panel").display = False
+
+    def on_unmount(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+
+    # ---- themes -----------------------------------------------------------------------
+
+    def _choose_theme(self) -> str:
+        for name in (self._initial_theme, self.profile.theme, _read_ui_state().get("theme"), self.config.theme, DEFAULT_THEME):
+            if name and name in self.termchat_themes:
+                return name
+            if name and name == self._initial_theme:
+                self.notify(f"unknown theme '{name}'; known: {', '.join(self.theme_names)}", severity="warning")
+        return DEFAULT_THEME
+
+    def apply_theme(self, name: str) -> None:
+        self.code_highlight = highlight_theme(self.termchat_themes[name].code_style)
+        self.theme = name
+
+    def _on_theme_changed(self, theme) -> None:
+        if theme.name in self.termchat_themes:
+            self.code_highlight = highlight_theme(self.termchat_themes[theme.name].code_style)
+            for fence in self.query(ThemedFence):
+                fence.notify_style_update()
+
+    def action_cycle_theme(self) -> None:
+        names = self.theme_names
+        name = names[(names.index(self.theme) + 1) % len(names)] if self.theme in names else names[0]
+        self.apply_theme(name)
+        _write_ui_state(theme=name)
+        self.notify(f"theme: {name}")
+
+    # ---- status -----------------------------------------------------------------------
+
+    def status(self, **changes) -> None:
+        self.query_one(StatusBar).refresh_info(**changes)
+
+    def _status_for_profile(self) -> None:
+        p = self.profile
+        draft = ""
+        if p.speculative:
+            draft = p.speculative.get("model") or p.method
+            draft += f" k={p.num_speculative_tokens}"
+        self.status(profile=p.name, model=p.model or p.endpoint or "", draft=draft, context_max=p.max_model_len, context_used=None, acceptance=None, mean_length=None, tokens_per_s=None, temperature=None)
+
+    def _panel(self, title: str, body: str = "", failed: bool = False) -> None:
+        panel = self.query_one("#engine-panel")
+        panel.display = True
+        panel.set_class(failed, "failed")
+        self.query_one("#engine-status", Static).update(title)
+        self.query_one("#engine-log", Static).update(inert(body))
+
+    # ---- engine -----------------------------------------------------------------------
+
+    def start_engine(self, profile: Profile) -> None:
+        self._start_engine(profile)
+
+    @work(group="engine", exclusive=True)
+    async def _start_engine(self, profile: Profile) -> None:
+        self.status(engine="starting")
+        self._panel(f"Starting the engine for '{profile.name}'…")
+        try:
+            if profile.is_remote:
+                engine = server.remote_engine(profile)
+            else:
+                engine = await asyncio.to_thread(server.find_served, profile)
+                if engine is None:
+                    # launched from the main thread: the child dies with us (PDEATHSIG)
+                    engine = server.ManagedEngine.launch(profile)
+                    self.engine = engine
+                    await engine.wait_ready_async(progress=lambda line: self._engine_progress(engine, line))
+        except UserError as exc:
+            self.status(engine="failed")
+            self._panel(f"The engine for '{profile.name}' did not start", f"{exc}\n\nF5 retries, F2 picks another profile.", failed=True)
+            return
+        self.engine = engine
+        self.status(engine="ready")
+        self.query_one("#engine-panel").display = False
+        if self.pending is not None:
+            view, choice = self.pending
+            self.pending = None
+            self._reply(view, choice)
+
+    def _engine_progress(self, engine: server.ManagedEngine, line: str) -> None:
+        elapsed = time.monotonic() - engine.started_at
+        self.status(engine=f"starting {elapsed:.0f}s")
+        self._panel(f"Starting the engine for '{engine.profile.name}' ({elapsed:.0f} s; about 30-45 s on a CPU)", engine.log_tail(8))
+
+    async def switch_profile(self, name: str) -> None:
+        if name not in self.config.profiles:
+            self.notify(f"unknown profile '{name}'; known: {', '.join(self.config.profiles)}", severity="error")
+            return
+        self.workers.cancel_group(self, "reply")
+        self.workers.cancel_group(self, "engine")
+        old, self.engine = self.engine, None
+        if old is not None:
+            self.status(engine="stopping")
+            await asyncio.to_thread(old.stop)  # the old process is gone before the new one starts
+        self.profile = self.config.profiles[name]
+        self._status_for_profile()
+        await self._note(f"switched to profile '{name}'")
+        self.start_engine(self.profile)
+
+    def action_switch_index(self, index: int) -> None:
+        names = list(self.config.profiles)
+        if index < len(names):
+            self.run_worker(self.switch_profile(names[index]), group="switch", exclusive=True)
+
+    def action_pick_profile(self) -> None:
+        def chosen(name: str | None) -> None:
+            if name:
+                self.config_error = None
+                self.run_worker(self.switch_profile(name), group="switch", exclusive=True)
+
+        self.push_screen(ProfilePicker(self.config.profiles, self.profile.name), chosen)
+
+    def action_restart_engine(self) -> None:
+        self.run_worker(self.switch_profile(self.profile.name), group="switch", exclusive=True)
+
+    # ---- chat -------------------------------------------------------------------------
+
+    async def _note(self, text: str) -> None:
+        await self.query_one("#chat").mount(Static(f"— {text} —", classes="note", markup=False))
+
+    async def on_prompt_area_submitted(self, event: PromptArea.Submitted) -> None:
+        text = event.text.strip()
+        if text.startswith("/"):
+            await self.slash(text)
+            return
+        await self.send(text)
+
+    async def send(self, text: str) -> None:
+        if self.attachments:
+            text = text + "\n\n" + "\n".join(self.attachments)
+            self.attachments = []
+        choice = self.conversation.choose_temperature(text, self.profile)
+        self.conversation.messages.append({"role": "user", "content": text})
+        chat = self.query_one("#chat")
+        await chat.mount(MessageView("user", "you", text))
+        view = MessageView("assistant", f"{self.profile.name} · {choice.label()}")
+        await chat.mount(view)
+        chat.anchor()
+        self.status(temperature=choice.value, lowered=choice.lowered)
+        if self.engine is None or self.engine.state not in ("ready",):
+            self.pending = (view, choice)
+            await view.finish(None, "waiting for the engine; it will be sent when it is ready")
+            return
+        self._reply(view, choice)
+
+    @work(group="reply", exclusive=True)
+    async def _reply(self, view: MessageView, choice: TemperatureChoice) -> None:
+        await view.finish(None)
+        profile, engine = self.profile, self.engine
+        sampling = Sampling(temperature=choice.value, top_p=profile.top_p, max_tokens=profile.max_tokens)
+        stream = ChatStream(engine, self.conversation.request(profile), sampling)
+        self.status(engine="streaming", live=True, tokens_per_s=None)
+        first: float | None = None
+        tokens, shown = 0, 0.0
+        try:
+            async for step in stream:
+                await view.append(step)
+                tokens += len(step.token_ids)
+                first = first or step.at
+                if step.at - shown > 0.25 and step.at > first:
+                    shown = step.at
+                    self.status(tokens_per_s=(tokens - len(stream.steps[0].token_ids)) / (step.at - first))
+        except asyncio.CancelledError:
+            view.cut = True
+            await view.finish(None, "✂ cut: the partial reply is kept", "cut")
+            self._after_reply(stream.text, None)
+            raise
+        except ReplyInterrupted as exc:
+            view.cut = True
+            await view.finish(None, "✗ the engine stopped mid-reply; the partial reply is kept", "failed")
+            self._after_reply(stream.text, None)
+            self._engine_failed(str(exc))
+            return
+        except UserError as exc:
+            await view.finish(None, f"✗ {exc}", "failed")
+            self.conversation.messages.pop()
+            self.status(engine="ready", live=False)
+            return
+        self._after_reply(stream.text, stream.stats)
+        await view.finish(stream.stats)
+
+    def _after_reply(self, text: str, stats) -> None:
+        if text:
+            self.conversation.messages.append({"role": "assistant", "content": text})
+        info = self.query_one(StatusBar).info
+        changes = {"engine": "ready" if self.engine else info.engine, "live": False}
+        if stats is not None:
+            history = info.history + ([stats.decode_tokens_per_s] if stats.decode_tokens_per_s else [])
+            changes.update(
+                tokens_per_s=stats.decode_tokens_per_s,
+                acceptance=stats.acceptance_rate,
+                mean_length=stats.mean_acceptance_length,
+                context_used=(stats.prompt_tokens or 0) + stats.output_tokens,
+                history=history,
+            )
+        self.status(**changes)
+
+    def _engine_failed(self, message: str) -> None:
+        if self.engine is not None and not self.engine.alive():
+            self.engine.state = "failed"
+        self.status(engine="failed")
+        self._panel("The engine stopped", f"{message}\n\nF5 restarts it; your conversation stays.", failed=True)
+
+    def action_cancel_reply(self) -> None:
+        self.workers.cancel_group(self, "reply")
+
+    async def action_regenerate(self) -> None:
+        views = list(self.query(MessageView))
+        if len(views) < 2 or views[-1].role != "assistant" or not self.conversation.messages:
+            self.notify("nothing to regenerate yet")
+            return
+        self.workers.cancel_group(self, "reply")
+        if self.conversation.messages[-1]["role"] == "assistant":
+            self.conversation.messages.pop()
+        prompt = self.conversation.messages.pop()["content"]
+        await views[-1].remove()
+        await views[-2].remove()
+        await self.send(prompt)
+
+    async def action_edit_last(self) -> None:
+        views = [v for v in self.query(MessageView)]
+        users = [i for i, v in enumerate(views) if v.role == "user"]
+        if not users:
+            self.notify("no prompt to edit yet")
+            return
+        self.workers.cancel_group(self, "reply")
+        last = users[-1]
+        text = views[last].text
+        for view in views[last:]:
+            await view.remove()
+        while self.conversation.messages and self.conversation.messages[-1]["role"] == "assistant":
+            self.conversation.messages.pop()
+        if self.conversation.messages:
+            self.conversation.messages.pop()
+        prompt = self.query_one(PromptArea)
+        prompt.text = text
+        prompt.focus()
+
+    async def action_new_conversation(self) -> None:
+        self.workers.cancel_group(self, "reply")
+        self.conversation = Conversation(auto_temperature=self.conversation.auto_temperature)
+        await self.query_one("#chat").remove_children()
+        self.status(context_used=None)
+        self.notify("new conversation")
+
+    def action_toggle_auto_temperature(self) -> None:
+        self.conversation.auto_temperature = not self.conversation.auto_temperature
+        self.status(auto_temperature=self.conversation.auto_temperature)
+        self.notify("automatic code temperature " + ("on" if self.conversation.auto_temperature else "off for this session"))
+
+    # ---- code blocks ------------------------------------------------------------------
+
+    def code_blocks(self) -> list[tuple[str, str]]:
+        return [block for view in self.query(MessageView) if view.role == "assistant" for block in view.code_blocks()]
+
+    def action_copy_code(self, index: int = -1) -> None:
+        blocks = self.code_blocks()
+        if not blocks:
+            self.notify("no code block to copy yet")
+            return
+        language, code = blocks[index]
+        self.copy_to_clipboard(code)
+        self.notify(f"copied {len(code.splitlines())} lines of {language or 'code'} to the clipboard")
+
+    def action_save_code(self, index: int = -1) -> None:
+        blocks = self.code_blocks()
+        if not blocks:
+            self.notify("no code block to save yet")
+            return
+        language, code = blocks[index]
+        extension = {"python": "py", "py": "py", "javascript": "js", "js": "js", "typescript": "ts", "rust": "rs", "bash": "sh", "sh": "sh", "go": "go", "java": "java", "c": "c", "cpp": "cpp"}.get(language.lower(), "txt")
+
+        def save(name: str | None) -> None:
+            if not name:
+                return
+            path = Path(name).expanduser()
+            if path.exists():
+                self.notify(f"{path} exists; choose another name", severity="error")
+                return
+            try:
+                path.write_text(code)
+            except OSError as exc:
+                self.notify(f"could not save {path}: {exc.strerror}", severity="error")
+                return
+            self.notify(f"saved {len(code.splitlines())} lines to {path}")
+
+        self.push_screen(AskText("Save the code block to file:", f"snippet.{extension}"), save)
+
+    # ---- draft tint -------------------------------------------------------------------
+
+    def action_toggle_tint(self) -> None:
+        self.tint = not self.tint
+        self._apply_tint()
+
+    @work(group="tint", exclusive=True)
+    async def _apply_tint(self) -> None:
+        views = [v for v in self.query(MessageView) if v.role == "assistant"]
+        if self.tint and self.engine is not None:
+            wanted = {s.token_ids[-1] for v in views for s in v.steps if len(s.token_ids) > 1} - set(self.token_text)
+            await self._detokenize(wanted)
+        for view in views:
+            view.show_tint(self.tint, self._last_token_text)
+        self.notify("draft tint " + ("on: highlighted text came from accepted drafts" if self.tint else "off"))
+
+    def _last_token_text(self, step: Step) -> str:
+        return self.token_text.get(step.token_ids[-1], "")
+
+    async def _detokenize(self, ids: set[int]) -> None:
+        """The text of single tokens, from the server's /detokenize (cached)."""
+        engine = self.engine
+        async with httpx.AsyncClient(timeout=10) as client:
+            for token in ids:
+                try:
+                    response = await client.post(engine.root_url + "/detokenize", json={"model": engine.model_name, "tokens": [token]}, headers=engine.headers())
+                    self.token_text[token] = response.json().get("prompt", "")
+                except (httpx.HTTPError, ValueError):
+                    return
+
+    # ---- slash commands ---------------------------------------------------------------
+
+    async def slash(self, text: str) -> None:
+        command, _, arg = text.partition(" ")
+        arg = arg.strip()
+        if command == "/profile":
+            if not arg:
+                self.action_pick_profile()
+            else:
+                await self.switch_profile(arg)
+        elif command == "/temp":
+            try:
+                value = float(arg)
+                if not 0 <= value <= 2:
+                    raise ValueError
+            except ValueError:
+                self.notify("/temp takes a number from 0 to 2, e.g. /temp 0.3", severity="error")
+                return
+            self.conversation.forced_temperature = value
+            self.notify(f"the next message uses temperature {value:g}")
+        elif command == "/system":
+            self.conversation.system_prompt = arg
+            self.notify("system prompt set" if arg else "system prompt back to the profile's")
+        elif command == "/file":
+            try:
+                block = fenced_file(arg)
+            except UserError as exc:
+                self.notify(str(exc), severity="error", timeout=8)
+                return
+            self.attachments.append(block)
+            self.notify(f"attached {arg}; it goes with your next message")
+        elif command == "/clear":
+            await self.action_new_conversation()
+        elif command == "/help":
+            self.action_help()
+        else:
+            self.notify(f"unknown command {command}; /help lists them", severity="error")
+
+    # ---- help and the command palette ---------------------------------------------------
+
+    def binding_rows(self) -> list[tuple[str, str]]:
+        rows = [("Enter", "send"), ("Shift+Enter, Ctrl+J", "new line in the prompt"), ("Ctrl+P", "command palette"), ("Ctrl+Q", "quit")]
+        rows += [("+".join(part.capitalize() for part in b.key.split("+")), b.description) for b in self.BINDINGS if b.show]
+        rows.append(("Alt+1 … Alt+9", "switch to profile 1-9 of the picker"))
+        return rows
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.binding_rows()))
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Help", "every key and slash command", self.action_help)
+        yield SystemCommand("Pick profile", "list the profiles and switch", self.action_pick_profile)
+        for name, profile in self.config.profiles.items():
+            yield SystemCommand(f"Switch to profile {name}", f"{profile.model or profile.endpoint} · {profile.method or 'no speculation'}", lambda n=name: self.run_worker(self.switch_profile(n), group="switch", exclusive=True))
+        yield SystemCommand("Regenerate the last reply", "ask again", self.action_regenerate)
+        yield SystemCommand("Edit the last prompt", "put it back in the input", self.action_edit_last)
+        yield SystemCommand("New conversation", "clear the screen and the context", self.action_new_conversation)
+        yield SystemCommand("Cycle theme", "next termchat theme", self.action_cycle_theme)
+        yield SystemCommand("Toggle automatic code temperature", "lower T for code prompts, or not", self.action_toggle_auto_temperature)
+        yield SystemCommand("Toggle draft tint", "highlight text from accepted drafts", self.action_toggle_tint)
+        yield SystemCommand("Restart the engine", "stop and start the current profile's engine", self.action_restart_engine)
+        for number, (language, code) in enumerate(self.code_blocks(), start=1):
+            first = code.strip().splitlines()[0][:40] if code.strip() else ""
+            yield SystemCommand(f"Copy code block {number}", f"{language or 'code'}: {first}", lambda i=number - 1: self.action_copy_code(i))
+            yield SystemCommand(f"Save code block {number}", f"{language or 'code'}: {first}", lambda i=number - 1: self.action_save_code(i))
+
+
+def run_app(config_file: str | None = None, profile: str | None = None, theme: str | None = None) -> int:
+    config, error = None, None
+    try:
+        config = load_config(config_file)
+    except UserError as exc:
+        error = str(exc)
+    TermchatApp(config=config, config_error=error, profile=profile, theme=theme).run()
+    return 0

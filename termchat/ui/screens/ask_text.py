@@ -1,0 +1,29 @@
+"""A one-line question (a file name to save to, a new name...)."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label
+
+
+class AskText(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
+    DEFAULT_CSS = """
+    AskText { align: center middle; }
+    AskText > Vertical { width: 80; height: auto; border: thick $primary; background: $surface; padding: 0 1; }
+    """
+
+    def __init__(self, question: str, value: str = ""):
+        super().__init__()
+        self.question = question
+        self.value = value
+
+    def compose(self):
+        with Vertical():
+            yield Label(self.question)
+            yield Input(value=self.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)

@@ -1,0 +1,57 @@
+"""The profile picker: every profile with its model, draft and method."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Label, OptionList
+from textual.widgets.option_list import Option
+
+from termchat.profiles import Profile
+
+
+def _short(model: str) -> str:
+    return model.removeprefix("termchat:").rsplit("/", 1)[-1]
+
+
+def describe(index: int, profile: Profile, current: str) -> str:
+    """One row: key, name, target model, and draft/method (short names)."""
+    key = f"{index + 1}" if index < 9 else " "
+    mark = "●" if profile.name == current else " "
+    target = (profile.endpoint.split("//")[-1] + " " if profile.endpoint else "") + _short(profile.model)
+    if profile.speculative:
+        draft = profile.method + (f" {_short(profile.speculative['model'])}" if profile.speculative.get("model") else "")
+        draft += f" k={profile.num_speculative_tokens}"
+    else:
+        draft = "no speculation"
+    return f"{key} {mark} {profile.name:<15} {target:<44.44} {draft}"
+
+
+class ProfilePicker(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
+    DEFAULT_CSS = """
+    ProfilePicker { align: center middle; }
+    ProfilePicker > Vertical { width: 110; height: auto; max-height: 80%; border: thick $primary; background: $surface; }
+    ProfilePicker Label { padding: 0 1; color: $text-muted; }
+    ProfilePicker OptionList { height: auto; max-height: 20; }
+    """
+
+    def __init__(self, profiles: dict[str, Profile], current: str):
+        super().__init__()
+        self.profiles = profiles
+        self.current = current
+
+    def compose(self):
+        with Vertical():
+            yield Label("Switch profile: Enter picks, Escape cancels. Alt+1..9 switch directly from the chat.")
+            yield OptionList(*[Option(describe(i, p, self.current), id=name) for i, (name, p) in enumerate(self.profiles.items())])
+
+    def on_mount(self) -> None:
+        options = self.query_one(OptionList)
+        names = list(self.profiles)
+        if self.current in names:
+            options.highlighted = names.index(self.current)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)

@@ -1,0 +1,95 @@
+"""The status bar: is speculation paying, right now?
+
+Acceptance is coloured by the design's thresholds: below 40% speculation costs
+more than it gives (red), 40-60% is a moderate gain (yellow), 60% and above a
+strong one (green).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from textual.containers import Horizontal
+from textual.content import Content
+from textual.widgets import Sparkline, Static
+
+LOW, HIGH = 0.40, 0.60
+
+
+def acceptance_style(rate: float) -> str:
+    return "$error" if rate < LOW else "$warning" if rate < HIGH else "$success"
+
+
+@dataclass
+class StatusInfo:
+    profile: str = ""
+    model: str = ""
+    draft: str = ""
+    engine: str = "not started"
+    tokens_per_s: float | None = None
+    live: bool = False
+    acceptance: float | None = None
+    mean_length: float | None = None
+    temperature: float | None = None
+    lowered: bool = False
+    auto_temperature: bool = True
+    context_used: int | None = None
+    context_max: int | None = None
+    history: list[float] = field(default_factory=list)
+
+
+def _short(model: str) -> str:
+    name = model.removeprefix("termchat:").rsplit("/", 1)[-1]
+    return name[: -len("-instruct")] if name.lower().endswith("-instruct") else name
+
+
+def render(info: StatusInfo) -> Content:
+    parts: list[Content] = [Content.styled(f" {info.profile} ", "bold $text on $primary-muted")]
+    # order = priority: what is cut first on a narrow terminal comes last
+    model = _short(info.model)
+    if info.draft:
+        model += f" ← {_short(info.draft)}"
+    parts.append(Content(model))
+    state_style = {"ready": "$success", "streaming": "$accent", "failed": "bold $error"}.get(info.engine.split()[0], "$warning")
+    parts.append(Content.styled(info.engine, state_style))
+    if info.tokens_per_s is not None:
+        label = "live " if info.live else ""
+        parts.append(Content(f"{label}{info.tokens_per_s:.1f} tok/s"))
+    if info.acceptance is not None:
+        parts.append(Content.assemble("acc ", (f"{info.acceptance:.0%}", f"bold {acceptance_style(info.acceptance)}")))
+    if info.mean_length is not None:
+        parts.append(Content(f"len {info.mean_length:.2f}"))
+    if info.temperature is not None:
+        mark = " ↓code" if info.lowered else ""
+        parts.append(Content(f"T {info.temperature:g}{mark}"))
+    if not info.auto_temperature:
+        parts.append(Content.styled("auto-T off", "$warning"))
+    if info.context_max:
+        parts.append(Content(f"ctx {info.context_used or 0}/{info.context_max}"))
+    return Content(" │ ").join(parts)
+
+
+class StatusBar(Horizontal):
+    DEFAULT_CSS = """
+    StatusBar { height: 1; background: $panel; }
+    StatusBar #status-text { width: 1fr; height: 1; }
+    StatusBar Sparkline { width: 12; height: 1; margin: 0 1; }
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.info = StatusInfo()
+
+    def compose(self):
+        yield Static(id="status-text", markup=False)
+        yield Sparkline([], summary_function=max, id="speed-history")
+
+    def refresh_info(self, **changes) -> None:
+        for key, value in changes.items():
+            setattr(self.info, key, value)
+        self.query_one("#status-text", Static).update(render(self.info))
+        self.query_one(Sparkline).data = list(self.info.history[-16:]) or [0]
+
+    @property
+    def text(self) -> str:
+        return render(self.info).plain

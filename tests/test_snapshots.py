@@ -1,0 +1,78 @@
+"""Pictures of the main screen, the help screen and the profile picker, in two themes.
+
+No engine here: a fixed conversation is put on screen so the pictures are
+stable. Update them after an intended change with `pytest --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from termchat.engine.stats import ReplyStats, Step
+from termchat.profiles import load_config
+from termchat.ui.app import TermchatApp
+from termchat.ui.widgets.message import MessageView
+from termchat.ui.widgets.prompt import PromptArea
+
+from .conftest import ROOT
+
+REPLY = """Here is the function, with a test:
+
+```python
+def add(a: int, b: int) -> int:
+    \"\"\"Return the sum of a and b.\"\"\"
+    return a + b
+
+
+def test_add():
+    assert add(2, 3) == 5
+```
+
+Run it with `pytest`."""
+
+
+async def fixed_conversation(pilot) -> None:
+    app = pilot.app
+    app.query_one(PromptArea).cursor_blink = False
+    chat = app.query_one("#chat")
+    await chat.mount(MessageView("user", "you", "Write an add function and a pytest test for it."))
+    view = MessageView("assistant", "local · T=0 ↓code (code: words: function, pytest, test)")
+    await chat.mount(view)
+    for i in range(0, len(REPLY), 7):
+        await view.append(Step(REPLY[i : i + 7], (1, 2), 0.0))
+    stats = ReplyStats(output_tokens=58, ttft_s=0.31, decode_tokens_per_s=31.4, acceptance_rate=0.62, mean_acceptance_length=3.1, temperature=0.0)
+    await view.finish(stats)
+    app.status(engine="ready", tokens_per_s=31.4, acceptance=0.62, mean_length=3.1, temperature=0.0, lowered=True, context_used=142, history=[22.0, 25.5, 31.4])
+    await pilot.pause()
+
+
+def make_app(theme: str) -> TermchatApp:
+    return TermchatApp(config=load_config(ROOT / "config.example.toml"), theme=theme, start_engine=False)
+
+
+THEMES = ["termchat-dark", "termchat-light"]
+
+
+@pytest.mark.parametrize("theme", THEMES)
+def test_main_screen(snap_compare, theme):
+    assert snap_compare(make_app(theme), terminal_size=(110, 36), run_before=fixed_conversation)
+
+
+@pytest.mark.parametrize("theme", THEMES)
+def test_help_screen(snap_compare, theme):
+    async def before(pilot):
+        await fixed_conversation(pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+
+    assert snap_compare(make_app(theme), terminal_size=(110, 36), run_before=before)
+
+
+@pytest.mark.parametrize("theme", THEMES)
+def test_profile_picker(snap_compare, theme):
+    async def before(pilot):
+        await fixed_conversation(pilot)
+        await pilot.press("f2")
+        await pilot.pause()
+
+    assert snap_compare(make_app(theme), terminal_size=(110, 36), run_before=before)

@@ -1,0 +1,137 @@
+"""The TUI driven through Textual's Pilot, on the session's real engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from termchat.profiles import parse_config
+from termchat.ui.app import TermchatApp
+from termchat.ui.widgets.message import MessageView
+from termchat.ui.widgets.prompt import PromptArea
+from termchat.ui.widgets.status import StatusBar
+
+from .conftest import group_alive
+
+pytestmark = pytest.mark.engine
+
+SWITCH_CONFIG = """
+[profiles.plain]
+description = "the same model without speculation"
+model = "termchat:smollm2-135m-instruct"
+dtype = "float32"
+max_model_len = 2048
+max_tokens = 64
+engine_args = { enforce_eager = true }
+env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0" }
+"""
+
+
+async def wait_for(pilot, condition, timeout=180.0, what="condition"):
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.2)
+
+
+async def type_and_send(pilot, text: str) -> None:
+    pilot.app.query_one(PromptArea).focus()
+    await pilot.press(*[c if c != " " else "space" for c in text])
+    await pilot.press("enter")
+
+
+def replies(app) -> list[MessageView]:
+    return [v for v in app.query(MessageView) if v.role == "assistant"]
+
+
+async def ready(pilot):
+    await wait_for(pilot, lambda: pilot.app.engine is not None and pilot.app.engine.state == "ready", what="engine ready")
+
+
+async def test_prompt_streams_a_reply_and_the_status_bar_shows_speed_and_acceptance(shared_engine):
+    app = TermchatApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.engine.base_url == shared_engine.base_url  # attached to the shared engine
+        await type_and_send(pilot, "Say hello to Ada.")
+        await wait_for(pilot, lambda: replies(app) and replies(app)[-1].stats is not None, what="reply")
+        view = replies(app)[-1]
+        assert view.text.strip() and len(view.steps) > 1
+        status = app.query_one(StatusBar)
+        assert status.info.tokens_per_s and status.info.tokens_per_s > 0
+        assert "tok/s" in status.text and "acc " in status.text and "%" in status.text
+        assert status.info.history  # the sparkline got a point
+        assert "T 0.7" in status.text and "↓code" not in status.text
+
+
+async def test_code_prompt_lowers_the_temperature_and_says_why(shared_engine):
+    app = TermchatApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await type_and_send(pilot, "écris un test Jest pour la fonction add")
+        await wait_for(pilot, lambda: replies(app) and replies(app)[-1].stats is not None, what="reply")
+        view = replies(app)[-1]
+        assert "T=0 ↓code" in view._header and "jest" in view._header
+        assert "↓code" in app.query_one(StatusBar).text
+        assert view.stats.temperature == 0.0
+        # F4 turns the behaviour off for the session
+        await pilot.press("f4")
+        await type_and_send(pilot, "refactor this function")
+        await wait_for(pilot, lambda: len(replies(app)) == 2 and replies(app)[-1].stats is not None, what="second reply")
+        assert replies(app)[-1].stats.temperature == 0.7 and "auto off" in replies(app)[-1]._header
+
+
+async def test_escape_cancels_a_reply_and_keeps_the_partial_text(shared_engine):
+    app = TermchatApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await type_and_send(pilot, "Tell me a very long story about a lighthouse keeper and her cat.")
+        await wait_for(pilot, lambda: replies(app) and len(replies(app)[-1].steps) >= 5, what="first steps")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: replies(app)[-1].cut, what="cut")
+        view = replies(app)[-1]
+        partial = view.text
+        assert partial.strip()
+        await pilot.pause(1.0)
+        assert view.text == partial  # nothing more arrived after the cut
+        assert view.stats is None and "cut" in str(view.query_one(".footer").render())
+        assert app.conversation.messages[-1] == {"role": "assistant", "content": partial}
+
+
+async def test_file_refuses_a_binary_file_with_a_message(shared_engine, tmp_path):
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"\x00\x01\x02binary")
+    app = TermchatApp(start_engine=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await type_and_send(pilot, f"/file {binary}")
+        await pilot.pause(0.2)
+        messages = [n.message for n in app._notifications]
+        assert any("is a binary file; only text files can be attached" in m for m in messages), messages
+        assert app.attachments == []
+
+
+async def test_switching_profile_stops_the_old_engine_and_shows_the_new_name(shared_engine):
+    config, problems = parse_config(SWITCH_CONFIG, "switch.toml")
+    assert not problems
+    app = TermchatApp(config=config, profile="plain")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        own = app.engine
+        assert own.owned and group_alive(own.pid)
+        assert app.query_one(StatusBar).info.profile == "plain"
+        await type_and_send(pilot, "hi")
+        await wait_for(pilot, lambda: replies(app) and replies(app)[-1].stats is not None, what="reply on plain")
+        assert replies(app)[-1].stats.acceptance_rate is None  # no speculation on this profile
+        # the picker: F2, then choose `local` (the first row)
+        await pilot.press("f2")
+        await pilot.pause(0.3)
+        await pilot.press("home", "enter")
+        await wait_for(pilot, lambda: app.profile.name == "local" and app.engine is not None and app.engine.state == "ready", what="switch")
+        assert group_alive(own.pid) == []  # the old engine's processes are gone
+        assert app.query_one(StatusBar).info.profile == "local"
+        assert "local" in app.query_one(StatusBar).text
+        assert replies(app)[0].text  # the conversation stays on screen
+        await asyncio.sleep(0)
