@@ -88,7 +88,6 @@ class TermchatApp(App):
         self.attachments: list[str] = []
         self.tint = False
         self.token_text: dict[int, str] = {}
-        self.code_highlight = None
         self.termchat_themes, self.theme_problems = load_all()
         for item in self.termchat_themes.values():
             self.register_theme(item.theme)
@@ -140,12 +139,13 @@ class TermchatApp(App):
         return DEFAULT_THEME
 
     def apply_theme(self, name: str) -> None:
-        self.code_highlight = highlight_theme(self.termchat_themes[name].code_style)
+        ThemedFence.code_theme = highlight_theme(self.termchat_themes[name].code_style)
         self.theme = name
 
     def _on_theme_changed(self, theme) -> None:
+        """Also for themes chosen in the command palette: re-highlight code."""
         if theme.name in self.termchat_themes:
-            self.code_highlight = highlight_theme(self.termchat_themes[theme.name].code_style)
+            ThemedFence.code_theme = highlight_theme(self.termchat_themes[theme.name].code_style)
             for fence in self.query(ThemedFence):
                 fence.notify_style_update()
 

@@ -64,7 +64,8 @@ def load_file(path: Path) -> TermchatTheme:
         get_style_by_name(code_style)
     except ClassNotFound:
         raise ValueError(f"{path}: unknown pygments style '{code_style}'") from None
-    theme = Theme(name=data.get("name", path.stem), dark=bool(data.get("dark", True)), **colors)
+    background = get_style_by_name(code_style).background_color or colors.get("surface") or colors.get("background") or "#000000"
+    theme = Theme(name=data.get("name", path.stem), dark=bool(data.get("dark", True)), variables={"code-background": background}, **colors)
     return TermchatTheme(theme, code_style, str(path))
 
 
@@ -100,4 +101,4 @@ def highlight_theme(style_name: str) -> type[HighlightTheme]:
                 parts.append(flag)
         if parts:
             styles[token] = " ".join(parts)
-    return type(f"Pygments_{style_name.replace('-', '_')}", (HighlightTheme,), {"STYLES": styles, "BACKGROUND": style.background_color})
+    return type(f"Pygments_{style_name.replace('-', '_')}", (HighlightTheme,), {"STYLES": styles})

@@ -12,30 +12,25 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.highlight import HighlightTheme, highlight
 from textual.widgets import Markdown, Static
-from textual.widgets._markdown import MarkdownBlock, MarkdownFence
+from textual.widgets._markdown import MarkdownFence
 
 from termchat.engine.stats import ReplyStats, Step
 from termchat.sanitize import inert
 
 
 class ThemedFence(MarkdownFence):
-    """A code fence highlighted with the current theme's pygments style."""
+    """A code fence highlighted with the current theme's pygments style.
 
-    def __init__(self, markdown, token, code):
-        super().__init__(markdown, token, code)
-        self._highlighted_code = self._themed()
+    The style is process-wide (`ThemedFence.code_theme`, set by the app when
+    the theme changes): highlighting runs once per fence update, in the
+    classmethod MarkdownFence already calls, so streaming pays for it once."""
 
-    def _themed(self) -> Content:
-        theme = getattr(self.app, "code_highlight", None) or HighlightTheme
-        background = getattr(theme, "BACKGROUND", None)
-        if background:
-            self.styles.background = background
-        return highlight(self.code, language=self.lexer or None, theme=theme)
+    DEFAULT_CSS = "ThemedFence { background: $code-background; }"
+    code_theme: type[HighlightTheme] = HighlightTheme
 
-    def notify_style_update(self) -> None:
-        self._highlighted_code = self._themed()
-        self.set_content(self._highlighted_code)
-        MarkdownBlock.notify_style_update(self)
+    @classmethod
+    def highlight(cls, code: str, language: str, ansi: bool = False, dark: bool = False) -> Content:
+        return highlight(code, language=language or None, theme=cls.code_theme)
 
 
 class ChatMarkdown(Markdown):
@@ -46,15 +41,14 @@ class MessageView(Vertical):
     """A user prompt or an assistant reply, with what produced it."""
 
     DEFAULT_CSS = """
-    MessageView { height: auto; margin: 0 0 1 0; }
+    MessageView { height: auto; margin: 0 0 1 0; layout: stream; }
     MessageView .header { color: $text-muted; text-style: bold; }
     MessageView.user .header { color: $secondary; }
     MessageView.assistant .header { color: $primary; }
-    MessageView .footer { color: $text-muted; }
+    MessageView .footer { color: $text-muted; display: none; }
     MessageView .cut { color: $warning; }
     MessageView .failed { color: $error; }
-    MessageView ChatMarkdown { margin: 0; padding: 0 1; }
-    MessageView ChatMarkdown > *:last-child { margin-bottom: 0; }
+    MessageView ChatMarkdown { margin: 0; padding: 0; layout: stream; }
     MessageView .tint { display: none; padding: 0 1; }
     MessageView.tinted .tint { display: block; }
     MessageView.tinted ChatMarkdown { display: none; }
@@ -103,6 +97,7 @@ class MessageView(Vertical):
         if stats is not None:
             parts.append(stats.short())
         footer.update(" · ".join(parts))
+        footer.display = bool(parts)
         if note_class:
             footer.add_class(note_class)
 
