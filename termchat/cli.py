@@ -142,11 +142,18 @@ def cmd_serve(args) -> int:
 # ---- ask --------------------------------------------------------------------------------
 
 
-def cmd_ask(args) -> int:
-    from termchat.classify import temperature_for
-    from termchat.engine import server
-    from termchat.engine.client import ChatStream, Sampling
+def terminal_text(text: str, is_terminal: bool) -> str:
+    """Model output made inert for a terminal; unchanged into a pipe."""
     from termchat.sanitize import inert
+
+    return inert(text) if is_terminal else text
+
+
+def cmd_ask(args) -> int:
+    from termchat.conversation import Conversation, TemperatureChoice
+    from termchat.engine import server
+    from termchat.exchange import Recorder, exchange
+    from termchat.store import Store
 
     profile = _config(args).get(args.profile)
     if args.no_speculation:
@@ -154,38 +161,38 @@ def cmd_ask(args) -> int:
     prompt = " ".join(args.prompt) if args.prompt else sys.stdin.read()
     if not prompt.strip():
         raise UserError("no prompt: give it as arguments or on stdin")
+    conversation = Conversation(auto_temperature=not args.no_auto_temperature)
     if args.temperature is not None:
-        temperature, why = args.temperature, "set with --temperature"
+        choice = TemperatureChoice(args.temperature, False, "set with --temperature")
     else:
-        temperature, kind = temperature_for(prompt, profile.temperature, profile.code_temperature, auto=not args.no_auto_temperature)
-        why = f"{kind.kind} prompt ({kind.reason})"
-    messages = ([{"role": "system", "content": profile.system_prompt}] if profile.system_prompt else []) + [{"role": "user", "content": prompt}]
-    sampling = Sampling(temperature=temperature, top_p=profile.top_p, max_tokens=args.max_tokens or profile.max_tokens, seed=args.seed)
+        choice = conversation.choose_temperature(prompt, profile)
+    store = None if args.no_save else Store()
+    recorder = Recorder(store, store.new_conversation(profile.name) if store else None)
 
     show, done = _progress_printer()
     engine = server.open_engine(profile, progress=show)
     done()
-    clean = inert if sys.stdout.isatty() else (lambda text: text)
+    tty = sys.stdout.isatty()
+
+    def print_step(step) -> None:
+        if not args.json:
+            sys.stdout.write(terminal_text(step.text, tty))
+            sys.stdout.flush()
+
     try:
-        stream = ChatStream(engine, messages, sampling)
-
-        async def run() -> None:
-            async for step in stream:
-                if not args.json:
-                    sys.stdout.write(clean(step.text))
-                    sys.stdout.flush()
-
-        asyncio.run(run())
+        outcome = asyncio.run(exchange(engine, profile, conversation, prompt, choice, recorder, print_step, max_tokens=args.max_tokens, seed=args.seed))
     finally:
         engine.stop()
-    stats = stream.stats
+    if recorder.error:
+        print(f"termchat: {recorder.error}", file=sys.stderr)
+    stats = outcome.stats
     if args.json:
-        result = {"text": stream.text, "profile": profile.name, "temperature_reason": why, **stats.to_dict()}
+        result = {"text": outcome.text, "profile": profile.name, "temperature_reason": choice.reason, "conversation_id": recorder.conversation_id, **stats.to_dict()}
         print(json.dumps(result, ensure_ascii=False))
     else:
-        if not stream.text.endswith("\n"):
+        if not outcome.text.endswith("\n"):
             print()
-        print(f"[{profile.name}] {stats.summary()} ({why})", file=sys.stderr)
+        print(f"[{profile.name}] {stats.summary()} ({choice.reason})", file=sys.stderr)
     return 0
 
 
@@ -206,6 +213,93 @@ def cmd_classify(args) -> int:
         temperature, result = temperature_for(prompt, profile.temperature, profile.code_temperature)
         print(json.dumps({"kind": result.kind, "reason": result.reason, "temperature": temperature}, ensure_ascii=False), flush=True)
     return 0
+
+
+# ---- history ----------------------------------------------------------------------------
+
+
+def cmd_history_list(args) -> int:
+    import time
+
+    from termchat.store import Store
+
+    store = Store()
+    rows = store.conversations(search=args.search or "")
+    if not rows:
+        print("no conversations" + (f" matching '{args.search}'" if args.search else ""))
+    for c in rows:
+        print(f"{c.id:>5}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(c.updated))}  {c.profile:<14}  {c.title}")
+    return 0
+
+
+def cmd_history_show(args) -> int:
+    from termchat.sanitize import inert
+    from termchat.store import Store, stats_line
+
+    store = Store()
+    conv = store.conversation(args.id)
+    clean = inert if sys.stdout.isatty() else (lambda text: text)
+    print(f"# {conv.title}  (conversation {conv.id}, profile {conv.profile})\n")
+    for m in store.messages(conv.id):
+        flag = f" [{m.flagged}]" if m.flagged else ""
+        print(f"--- {'you' if m.role == 'user' else m.profile or m.role}{flag}")
+        print(clean(m.content))
+        if m.role == "assistant":
+            print(f"    ({stats_line(m)})")
+        print()
+    return 0
+
+
+def cmd_history_export(args) -> int:
+    from termchat.store import Store
+
+    store = Store()
+    text = store.export_markdown(args.id) if args.format == "md" else store.export_json(args.id)
+    if args.output:
+        from pathlib import Path
+
+        Path(args.output).write_text(text + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def cmd_history_delete(args) -> int:
+    from termchat.store import Store
+
+    store = Store()
+    title = store.conversation(args.id).title
+    store.delete(args.id)
+    print(f"deleted conversation {args.id} ({title})")
+    return 0
+
+
+# ---- doctor -----------------------------------------------------------------------------
+
+
+def cmd_doctor(args) -> int:
+    from termchat.advisor import check
+
+    profile = _config(args).get(args.profile)
+    print(f"profile {profile.name}: {profile.model}" + (f" + {profile.method}" + (f" {profile.speculative.get('model')}" if profile.speculative.get("model") else "") + f" k={profile.num_speculative_tokens}" if profile.speculative else ""))
+    findings = check(profile)
+    for finding in findings:
+        print(f"  {finding}")
+    warnings = sum(f.level == "warning" for f in findings)
+    print(f"{warnings} warning(s)" if warnings else "no warnings")
+    return 0
+
+
+# ---- chat -------------------------------------------------------------------------------
+
+
+def cmd_chat(args) -> int:
+    if args.plain:
+        from termchat.repl import run_repl
+
+        return run_repl(_config(args), args.profile)
+    return cmd_tui(args)
 
 
 # ---- the TUI ----------------------------------------------------------------------------
@@ -239,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--no-speculation", action="store_true", help="the profile's engine settings without speculation (profile NAME-nospec)")
+    p.add_argument("--no-save", action="store_true", help="do not record the exchange in the history")
     p.set_defaults(func=cmd_ask)
 
     p = common(sub.add_parser("serve", help="run a profile's vLLM server in the foreground"))
@@ -257,6 +352,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_models_prepare)
     msub.add_parser("list", help="what is prepared and where").set_defaults(func=cmd_models_list)
+
+    p = common(sub.add_parser("chat", help="chat: the TUI, or with --plain a line-mode REPL"))
+    p.add_argument("--plain", action="store_true", help="a prompt-toolkit line interface instead of the full-screen UI")
+    p.set_defaults(func=cmd_chat)
+
+    history = sub.add_parser("history", help="stored conversations: list, show, export, delete")
+    hsub = history.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = hsub.add_parser("list", help="newest first")
+    p.add_argument("--search", help="only conversations whose title or text contains this")
+    p.set_defaults(func=cmd_history_list)
+    p = hsub.add_parser("show", help="one conversation, with statistics")
+    p.add_argument("id", type=int)
+    p.set_defaults(func=cmd_history_show)
+    p = hsub.add_parser("export", help="as Markdown or JSON")
+    p.add_argument("id", type=int)
+    p.add_argument("--format", choices=["md", "json"], default="md")
+    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.set_defaults(func=cmd_history_export)
+    p = hsub.add_parser("delete", help="delete a conversation")
+    p.add_argument("id", type=int)
+    p.set_defaults(func=cmd_history_delete)
+
+    common(sub.add_parser("doctor", help="check a profile against the rules of thumb (memory, temperature, sizes, vocabulary, k)")).set_defaults(func=cmd_doctor)
+
+    from termchat.bench.cli import register as register_bench
+
+    register_bench(sub, common)
 
     p = common(sub.add_parser("classify", help="JSON lines {\"prompt\": ...} on stdin -> {\"kind\": code|text, ...}"))
     p.set_defaults(func=cmd_classify)

@@ -8,7 +8,7 @@ import subprocess
 import httpx
 import pytest
 
-from termchat.engine.client import ChatStream, Sampling, complete_sync
+from termchat.engine.client import Sampling, complete_sync
 
 from .conftest import ROOT, TERMCHAT
 

@@ -47,7 +47,7 @@ async def fixed_conversation(pilot) -> None:
 
 
 def make_app(theme: str) -> TermchatApp:
-    return TermchatApp(config=load_config(ROOT / "config.example.toml"), theme=theme, start_engine=False)
+    return TermchatApp(config=load_config(ROOT / "config.example.toml"), theme=theme, start_engine=False, resume=False)
 
 
 THEMES = ["termchat-dark", "termchat-light"]

@@ -52,7 +52,7 @@ async def ready(pilot):
 
 
 async def test_prompt_streams_a_reply_and_the_status_bar_shows_speed_and_acceptance(shared_engine):
-    app = TermchatApp()
+    app = TermchatApp(resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         assert app.engine.base_url == shared_engine.base_url  # attached to the shared engine
@@ -68,7 +68,7 @@ async def test_prompt_streams_a_reply_and_the_status_bar_shows_speed_and_accepta
 
 
 async def test_code_prompt_lowers_the_temperature_and_says_why(shared_engine):
-    app = TermchatApp()
+    app = TermchatApp(resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await type_and_send(pilot, "écris un test Jest pour la fonction add")
@@ -85,7 +85,7 @@ async def test_code_prompt_lowers_the_temperature_and_says_why(shared_engine):
 
 
 async def test_escape_cancels_a_reply_and_keeps_the_partial_text(shared_engine):
-    app = TermchatApp()
+    app = TermchatApp(resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await type_and_send(pilot, "Tell me a very long story about a lighthouse keeper and her cat.")
@@ -104,7 +104,7 @@ async def test_escape_cancels_a_reply_and_keeps_the_partial_text(shared_engine):
 async def test_file_refuses_a_binary_file_with_a_message(shared_engine, tmp_path):
     binary = tmp_path / "blob.bin"
     binary.write_bytes(b"\x00\x01\x02binary")
-    app = TermchatApp(start_engine=False)
+    app = TermchatApp(start_engine=False, resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await type_and_send(pilot, f"/file {binary}")
         await pilot.pause(0.2)
@@ -116,7 +116,7 @@ async def test_file_refuses_a_binary_file_with_a_message(shared_engine, tmp_path
 async def test_switching_profile_stops_the_old_engine_and_shows_the_new_name(shared_engine):
     config, problems = parse_config(SWITCH_CONFIG, "switch.toml")
     assert not problems
-    app = TermchatApp(config=config, profile="plain")
+    app = TermchatApp(config=config, profile="plain", resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         own = app.engine

@@ -20,7 +20,6 @@ import pty
 import re
 import select
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,7 +62,7 @@ async def absorb(tokens: int) -> dict:
     from termchat.ui.widgets.message import MessageView
 
     pieces = scripted_reply(tokens)
-    app = TermchatApp(start_engine=False)
+    app = TermchatApp(start_engine=False, resume=False)
     times: list[float] = []
     async with app.run_test(size=(120, 40)) as pilot:
         chat = app.query_one("#chat")

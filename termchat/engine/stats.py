@@ -42,6 +42,8 @@ class ReplyStats:
     acceptance_per_position: list[float] = field(default_factory=list)
     accepted_tokens: int | None = None
     draft_tokens: int | None = None
+    spec_steps: int | None = None  # verification steps that had drafts
+    acceptance_histogram: list[int] = field(default_factory=list)  # [j] = steps accepting exactly j drafts
     acceptance_source: str = "none"  # "server" | "derived" | "none"
     temperature: float | None = None
     finish_reason: str | None = None
@@ -121,7 +123,9 @@ def compute(
         stats.mean_acceptance_length = server_metrics.get("mean_acceptance_length")
         stats.accepted_tokens = server_metrics.get("num_accepted_draft_tokens")
         stats.draft_tokens = server_metrics.get("num_draft_tokens")
-        stats.acceptance_per_position = per_position_from_histogram(server_metrics.get("acceptance_histogram") or [])
+        stats.spec_steps = server_metrics.get("num_spec_steps")
+        stats.acceptance_histogram = list(server_metrics.get("acceptance_histogram") or [])
+        stats.acceptance_per_position = per_position_from_histogram(stats.acceptance_histogram)
     elif k and len(token_steps) > 1:
         # Derived: every decode step after the first (prefill) is taken to have
         # proposed k drafts. For draft-model methods that is exact; for ngram,
@@ -133,6 +137,7 @@ def compute(
         stats.draft_tokens = k * len(decode)
         stats.acceptance_rate = stats.accepted_tokens / stats.draft_tokens
         stats.mean_acceptance_length = 1 + stats.accepted_tokens / len(decode)
-        histogram = [accepted.count(j) for j in range(k + 1)]
-        stats.acceptance_per_position = per_position_from_histogram(histogram)
+        stats.spec_steps = len(decode)
+        stats.acceptance_histogram = [accepted.count(j) for j in range(k + 1)]
+        stats.acceptance_per_position = per_position_from_histogram(stats.acceptance_histogram)
     return stats

@@ -23,13 +23,16 @@ from termchat import paths
 from termchat.attach import fenced_file
 from termchat.conversation import Conversation, TemperatureChoice
 from termchat.engine import server
-from termchat.engine.client import ChatStream, ReplyInterrupted, Sampling
-from termchat.engine.stats import Step
+from termchat.engine.client import ReplyInterrupted
+from termchat.engine.stats import ReplyStats, Step
 from termchat.errors import UserError
+from termchat.exchange import Recorder, exchange
+from termchat.store import Store, StoreError
 from termchat.profiles import Config, Profile, builtin_profiles, load_config
 from termchat.sanitize import inert
 from termchat.ui.screens.ask_text import AskText
 from termchat.ui.screens.help import HelpScreen
+from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.screens.picker import ProfilePicker
 from termchat.ui.themes import highlight_theme, load_all
 from termchat.ui.widgets.message import MessageView, ThemedFence
@@ -62,6 +65,7 @@ class TermchatApp(App):
     BINDINGS = [
         Binding("f1", "help", "Help"),
         Binding("f2", "pick_profile", "Profiles"),
+        Binding("f3", "history", "History"),
         Binding("escape", "cancel_reply", "Cancel reply"),
         Binding("ctrl+r", "regenerate", "Regenerate"),
         Binding("ctrl+e", "edit_last", "Edit last"),
@@ -75,8 +79,11 @@ class TermchatApp(App):
         *[Binding(f"alt+{i}", f"switch_index({i - 1})", f"Profile {i}", show=False) for i in range(1, 10)],
     ]
 
-    def __init__(self, config: Config | None = None, config_error: str | None = None, profile: str | None = None, theme: str | None = None, start_engine: bool = True):
+    def __init__(self, config: Config | None = None, config_error: str | None = None, profile: str | None = None, theme: str | None = None, start_engine: bool = True, resume: bool = True, store: Store | None = None):
         super().__init__()
+        self.resume = resume
+        self.store = store
+        self.recorder: Recorder | None = None
         self.config = config or Config(builtin_profiles())
         self.config_error = config_error
         self.start_engine_on_mount = start_engine and not config_error
@@ -84,7 +91,7 @@ class TermchatApp(App):
         self.requested_profile = profile
         self.engine: server.Engine | None = None
         self.conversation = Conversation()
-        self.pending: tuple[MessageView, TemperatureChoice] | None = None
+        self.pending: tuple[MessageView, str, TemperatureChoice] | None = None
         self.attachments: list[str] = []
         self.tint = False
         self.token_text: dict[int, str] = {}
@@ -113,6 +120,7 @@ class TermchatApp(App):
         self.query_one(PromptArea).focus()
         for problem in self.theme_problems:
             self.notify(problem, severity="warning", timeout=10)
+        self._open_store()
         if self.config_error:
             self._panel("Configuration problem", self.config_error + "\n\nFix the file and restart termchat, or press F2 to pick a built-in profile.", failed=True)
             self.status(engine="no config")
@@ -123,6 +131,90 @@ class TermchatApp(App):
             self.start_engine(self.profile)
         else:
             self.query_one("#engine-panel").display = False
+
+    # ---- history ----------------------------------------------------------------------
+
+    def _open_store(self) -> None:
+        if self.store is None:
+            try:
+                self.store = Store()
+            except StoreError as exc:
+                self.notify(f"{exc} Conversations will not be saved this session.", severity="error", timeout=15)
+                return
+        if self.resume:
+            latest = self.store.latest()
+            if latest is not None:
+                self.call_after_refresh(lambda: self.run_worker(self.load_conversation(latest.id)))
+
+    async def load_conversation(self, conversation_id: int) -> None:
+        """Show a stored conversation and continue it."""
+        self.workers.cancel_group(self, "reply")
+        conv = self.store.conversation(conversation_id)
+        messages = self.store.messages(conversation_id)
+        chat = self.query_one("#chat")
+        await chat.remove_children()
+        self.conversation = Conversation(system_prompt=conv.system_prompt, auto_temperature=self.conversation.auto_temperature)
+        self.recorder = Recorder(self.store, conversation_id)
+        views = []
+        for m in messages:
+            if m.role == "user":
+                view = MessageView("user", "you", m.content)
+            else:
+                header = f"{m.profile or 'assistant'} · T={m.temperature:g}" if m.temperature is not None else (m.profile or "assistant")
+                view = MessageView("assistant", header, m.content)
+            view.message_id = m.id
+            views.append((view, m))
+            self.conversation.messages.append({"role": m.role, "content": m.content})
+        await chat.mount_all([v for v, _ in views])
+        for view, m in views:
+            if m.role == "assistant":
+                stats = ReplyStats(**{k: v for k, v in (m.stats or {}).items() if k in ReplyStats.__dataclass_fields__}) if m.stats else None
+                note = f"⚑ {m.flagged}" if m.flagged else ""
+                await view.finish(stats, note, "cut" if m.flagged else "")
+        await self._note(f"conversation {conversation_id}: {conv.title}")
+        chat.anchor()
+
+    def _recorder(self) -> Recorder:
+        if self.recorder is None:
+            conversation_id = None
+            if self.store is not None:
+                try:
+                    conversation_id = self.store.new_conversation(self.profile.name, system_prompt=self.conversation.system_prompt)
+                except StoreError as exc:
+                    self.notify(str(exc), severity="error", timeout=10)
+            self.recorder = Recorder(self.store if conversation_id else None, conversation_id)
+        return self.recorder
+
+    def action_history(self) -> None:
+        if self.store is None:
+            self.notify("the history database is not available this session", severity="error")
+            return
+
+        def chosen(result) -> None:
+            if not result:
+                return
+            action, conversation_id = result
+            if action == "open":
+                self.run_worker(self.load_conversation(conversation_id))
+            else:
+                fmt = action.removeprefix("export-")
+                self._export(conversation_id, fmt)
+
+        self.push_screen(HistoryScreen(self.store), chosen)
+
+    def _export(self, conversation_id: int, fmt: str) -> None:
+        def save(name: str | None) -> None:
+            if not name:
+                return
+            text = self.store.export_markdown(conversation_id) if fmt == "md" else self.store.export_json(conversation_id)
+            try:
+                Path(name).expanduser().write_text(text + "\n")
+            except OSError as exc:
+                self.notify(f"could not write {name}: {exc.strerror}", severity="error")
+                return
+            self.notify(f"exported conversation {conversation_id} to {name}")
+
+        self.push_screen(AskText(f"Export conversation {conversation_id} as {fmt.upper()} to:", f"conversation-{conversation_id}.{fmt}"), save)
 
     def on_unmount(self) -> None:
         if self.engine is not None:
@@ -203,9 +295,9 @@ class TermchatApp(App):
         self.status(engine="ready")
         self.query_one("#engine-panel").display = False
         if self.pending is not None:
-            view, choice = self.pending
+            view, prompt, choice = self.pending
             self.pending = None
-            self._reply(view, choice)
+            self._reply(view, prompt, choice)
 
     def _engine_progress(self, engine: server.ManagedEngine, line: str) -> None:
         elapsed = time.monotonic() - engine.started_at
@@ -260,7 +352,6 @@ class TermchatApp(App):
             text = text + "\n\n" + "\n".join(self.attachments)
             self.attachments = []
         choice = self.conversation.choose_temperature(text, self.profile)
-        self.conversation.messages.append({"role": "user", "content": text})
         chat = self.query_one("#chat")
         await chat.mount(MessageView("user", "you", text))
         view = MessageView("assistant", f"{self.profile.name} · {choice.label()}")
@@ -268,50 +359,65 @@ class TermchatApp(App):
         chat.anchor()
         self.status(temperature=choice.value, lowered=choice.lowered)
         if self.engine is None or self.engine.state not in ("ready",):
-            self.pending = (view, choice)
+            self.pending = (view, text, choice)
             await view.finish(None, "waiting for the engine; it will be sent when it is ready")
             return
-        self._reply(view, choice)
+        self._reply(view, text, choice)
 
     @work(group="reply", exclusive=True)
-    async def _reply(self, view: MessageView, choice: TemperatureChoice) -> None:
+    async def _reply(self, view: MessageView, prompt: str, choice: TemperatureChoice) -> None:
         await view.finish(None)
         profile, engine = self.profile, self.engine
-        sampling = Sampling(temperature=choice.value, top_p=profile.top_p, max_tokens=profile.max_tokens)
-        stream = ChatStream(engine, self.conversation.request(profile), sampling)
+        recorder = self._recorder()
         self.status(engine="streaming", live=True, tokens_per_s=None)
         first: float | None = None
         tokens, shown = 0, 0.0
+
+        async def on_step(step: Step) -> None:
+            nonlocal first, tokens, shown
+            await view.append(step)
+            tokens += len(step.token_ids)
+            if first is None:
+                first, tokens = step.at, 0
+            elif step.at - shown > 0.25:
+                shown = step.at
+                self.status(tokens_per_s=tokens / (step.at - first))
+
         try:
-            async for step in stream:
-                await view.append(step)
-                tokens += len(step.token_ids)
-                first = first or step.at
-                if step.at - shown > 0.25 and step.at > first:
-                    shown = step.at
-                    self.status(tokens_per_s=(tokens - len(stream.steps[0].token_ids)) / (step.at - first))
+            outcome = await exchange(engine, profile, self.conversation, prompt, choice, recorder, on_step)
         except asyncio.CancelledError:
+            self._ids(view, recorder)
             view.cut = True
             await view.finish(None, "✂ cut: the partial reply is kept", "cut")
-            self._after_reply(stream.text, None)
+            self._after_reply(None)
             raise
         except ReplyInterrupted as exc:
+            self._ids(view, recorder)
             view.cut = True
             await view.finish(None, "✗ the engine stopped mid-reply; the partial reply is kept", "failed")
-            self._after_reply(stream.text, None)
+            self._after_reply(None)
             self._engine_failed(str(exc))
             return
         except UserError as exc:
+            self._ids(view, recorder)
             await view.finish(None, f"✗ {exc}", "failed")
-            self.conversation.messages.pop()
             self.status(engine="ready", live=False)
             return
-        self._after_reply(stream.text, stream.stats)
-        await view.finish(stream.stats)
+        self._ids(view, recorder)
+        self._after_reply(outcome.stats)
+        await view.finish(outcome.stats)
 
-    def _after_reply(self, text: str, stats) -> None:
-        if text:
-            self.conversation.messages.append({"role": "assistant", "content": text})
+    def _ids(self, view: MessageView, recorder: Recorder) -> None:
+        """Link the views to their stored messages; show a store failure once."""
+        views = list(self.query(MessageView))
+        view.message_id = recorder.last_reply_id
+        if len(views) >= 2 and views[-2].role == "user":
+            views[-2].message_id = recorder.last_user_id
+        if recorder.error is not None:
+            self.notify(str(recorder.error), severity="error", timeout=15)
+            recorder.error = None
+
+    def _after_reply(self, stats: ReplyStats | None) -> None:
         info = self.query_one(StatusBar).info
         changes = {"engine": "ready" if self.engine else info.engine, "live": False}
         if stats is not None:
@@ -334,41 +440,49 @@ class TermchatApp(App):
     def action_cancel_reply(self) -> None:
         self.workers.cancel_group(self, "reply")
 
-    async def action_regenerate(self) -> None:
+    async def _drop_last_exchange(self) -> str | None:
+        """Remove the last prompt and its reply from screen, context and store."""
         views = list(self.query(MessageView))
-        if len(views) < 2 or views[-1].role != "assistant" or not self.conversation.messages:
-            self.notify("nothing to regenerate yet")
-            return
-        self.workers.cancel_group(self, "reply")
-        if self.conversation.messages[-1]["role"] == "assistant":
-            self.conversation.messages.pop()
-        prompt = self.conversation.messages.pop()["content"]
-        await views[-1].remove()
-        await views[-2].remove()
-        await self.send(prompt)
-
-    async def action_edit_last(self) -> None:
-        views = [v for v in self.query(MessageView)]
         users = [i for i, v in enumerate(views) if v.role == "user"]
         if not users:
-            self.notify("no prompt to edit yet")
-            return
+            return None
         self.workers.cancel_group(self, "reply")
+        await asyncio.sleep(0)
         last = users[-1]
-        text = views[last].text
+        prompt = views[last].text
         for view in views[last:]:
+            if self.store is not None and getattr(view, "message_id", None):
+                try:
+                    self.store.delete_message(view.message_id)
+                except StoreError as exc:
+                    self.notify(str(exc), severity="error")
             await view.remove()
         while self.conversation.messages and self.conversation.messages[-1]["role"] == "assistant":
             self.conversation.messages.pop()
         if self.conversation.messages:
             self.conversation.messages.pop()
-        prompt = self.query_one(PromptArea)
-        prompt.text = text
-        prompt.focus()
+        return prompt
+
+    async def action_regenerate(self) -> None:
+        prompt = await self._drop_last_exchange()
+        if prompt is None:
+            self.notify("nothing to regenerate yet")
+            return
+        await self.send(prompt)
+
+    async def action_edit_last(self) -> None:
+        prompt = await self._drop_last_exchange()
+        if prompt is None:
+            self.notify("no prompt to edit yet")
+            return
+        area = self.query_one(PromptArea)
+        area.text = prompt
+        area.focus()
 
     async def action_new_conversation(self) -> None:
         self.workers.cancel_group(self, "reply")
         self.conversation = Conversation(auto_temperature=self.conversation.auto_temperature)
+        self.recorder = None  # a new stored conversation starts with the next prompt
         await self.query_one("#chat").remove_children()
         self.status(context_used=None)
         self.notify("new conversation")
@@ -468,6 +582,8 @@ class TermchatApp(App):
             self.notify(f"the next message uses temperature {value:g}")
         elif command == "/system":
             self.conversation.system_prompt = arg
+            if self.recorder is not None and self.recorder.conversation_id and self.store is not None:
+                self.store.set_system_prompt(self.recorder.conversation_id, arg)
             self.notify("system prompt set" if arg else "system prompt back to the profile's")
         elif command == "/file":
             try:
@@ -504,6 +620,7 @@ class TermchatApp(App):
         yield SystemCommand("Regenerate the last reply", "ask again", self.action_regenerate)
         yield SystemCommand("Edit the last prompt", "put it back in the input", self.action_edit_last)
         yield SystemCommand("New conversation", "clear the screen and the context", self.action_new_conversation)
+        yield SystemCommand("History", "stored conversations: open, rename, delete, export", self.action_history)
         yield SystemCommand("Cycle theme", "next termchat theme", self.action_cycle_theme)
         yield SystemCommand("Toggle automatic code temperature", "lower T for code prompts, or not", self.action_toggle_auto_temperature)
         yield SystemCommand("Toggle draft tint", "highlight text from accepted drafts", self.action_toggle_tint)
@@ -515,6 +632,7 @@ class TermchatApp(App):
 
 
 def run_app(config_file: str | None = None, profile: str | None = None, theme: str | None = None) -> int:
+    """Start the TUI; a bad config is shown inside it, not as a traceback."""
     config, error = None, None
     try:
         config = load_config(config_file)

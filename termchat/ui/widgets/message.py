@@ -61,6 +61,7 @@ class MessageView(Vertical):
         self.steps: list[Step] = []
         self.stats: ReplyStats | None = None
         self.cut = False
+        self.message_id: int | None = None  # the stored message, when there is one
         self._header = header
         self._stream = None
 

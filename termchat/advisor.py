@@ -1,0 +1,199 @@
+"""The rules of thumb, applied to a profile: findings with a reason and a fix.
+
+From the design notes: target and draft must both fit in GPU memory (case 1);
+high temperature drops acceptance by 15-20 points (case 2); a target under
+~30B gains little on a GPU, and a draft should be at most ~10% of the target
+(case 3; not on CPU profiles, where the bench decides); draft and target
+must share a vocabulary; more than 7 speculative tokens usually lowers the
+acceptance rate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from termchat import models
+from termchat.profiles import Profile
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # "info" | "warning"
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.level}] {self.rule}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    total_mib: int
+    free_mib: int
+
+
+def gpus() -> list[Gpu]:
+    """GPUs from nvidia-smi; an empty list where there is none."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            found.append(Gpu(parts[0], int(parts[1]), int(parts[2])))
+    return found
+
+
+def _local_folder(model: str) -> Path | None:
+    if model in models.BUILTIN:
+        return models.folder(model) if models.is_prepared(model) else None
+    path = Path(model).expanduser()
+    return path if (path / "config.json").exists() else None
+
+
+def _config(model: str) -> dict | None:
+    folder = _local_folder(model)
+    if folder is None:
+        return None
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def params_billion(model: str) -> float | None:
+    """Parameters in billions: from the name ("70B", "135M"), else the local config."""
+    name = model.rsplit("/", 1)[-1]
+    match = re.search(r"(\d+(?:\.\d+)?)\s*([BbMm])(?![a-z])", name)
+    if match:
+        value = float(match.group(1))
+        return value if match.group(2) in "Bb" else value / 1000
+    config = _config(model)
+    if config and {"hidden_size", "num_hidden_layers", "vocab_size"} <= set(config):
+        h, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+        inter = config.get("intermediate_size", 4 * h)
+        return (layers * (4 * h * h + 3 * h * inter) + 2 * vocab * h) / 1e9
+    return None
+
+
+def bytes_per_param(quantization: str | None, name: str) -> float:
+    text = f"{quantization or ''} {name}".lower()
+    if any(q in text for q in ("awq", "gptq", "int4", "4bit", "q4", "nf4")):
+        return 0.55  # 4-bit weights plus scales
+    if any(q in text for q in ("fp8", "int8", "8bit", "w8a8")):
+        return 1.0
+    return 2.0
+
+
+def weights_gib(model: str, quantization: str | None) -> float | None:
+    folder = _local_folder(model)
+    if folder is not None:
+        size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        if size:
+            return size / GIB
+    billions = params_billion(model)
+    return billions * 1e9 * bytes_per_param(quantization, model) / GIB if billions else None
+
+
+def vocab_size(model: str) -> int | None:
+    config = _config(model)
+    return config.get("vocab_size") if config else None
+
+
+def family(model: str) -> str | None:
+    name = model.lower()
+    for pattern, label in ((r"llama-?3", "llama-3"), (r"llama-?2", "llama-2"), (r"qwen2\.5|qwen-?2\.5", "qwen2.5"), (r"qwen-?3", "qwen3"), (r"mistral|mixtral", "mistral"), (r"gemma", "gemma"), (r"smollm2", "smollm2"), (r"phi-?3", "phi-3")):
+        if re.search(pattern, name):
+            return label
+    return None
+
+
+def is_cpu_profile(profile: Profile) -> bool:
+    """Written for vLLM's CPU build: CPU settings, or the packaged CPU model."""
+    return not profile.is_remote and (any(k.startswith("VLLM_CPU") for k in profile.env) or profile.model in models.BUILTIN)
+
+
+def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
+    gpu_list = gpus() if gpu_list is None else gpu_list
+    findings: list[Finding] = []
+    spec = profile.speculative or {}
+    method = spec.get("method")
+    draft = spec.get("model") if method == "draft_model" else None
+    cpu = is_cpu_profile(profile)
+
+    # hardware and memory (case 1)
+    if profile.is_remote:
+        findings.append(Finding("info", "hardware", f"remote endpoint {profile.endpoint}: its memory is the server's business; nothing runs here"))
+    elif not gpu_list and cpu:
+        findings.append(Finding("info", "hardware", "no GPU found (nvidia-smi lists none): the engine runs on the CPU; the bench, not the GPU rules, decides what pays"))
+    elif not gpu_list:
+        need = (weights_gib(profile.model, profile.quantization) or 0) + (weights_gib(draft, spec.get("quantization")) or 0 if draft else 0)
+        size = f" (~{need:.0f} GiB of weights)" if need else ""
+        findings.append(Finding("warning", "hardware", f"no GPU found (nvidia-smi lists none), and this profile is written for GPUs{size}. Run it on a GPU machine, point `endpoint` at one, or use the CPU profile `local`"))
+    else:
+        tp = profile.tensor_parallel_size or 1
+        usable = [g for g in gpu_list][:tp]
+        listing = ", ".join(f"{g.name} {g.free_mib / 1024:.0f}/{g.total_mib / 1024:.0f} GiB free" for g in gpu_list)
+        findings.append(Finding("info", "hardware", f"{len(gpu_list)} GPU(s): {listing}"))
+        target = weights_gib(profile.model, profile.quantization)
+        draft_size = weights_gib(draft, spec.get("quantization")) if draft else 0.0
+        if target is not None and draft_size is not None and usable:
+            need = target + draft_size
+            free = sum(g.free_mib for g in usable) / 1024 * (profile.gpu_memory_utilization or 0.9)
+            if len(usable) < tp:
+                findings.append(Finding("warning", "memory", f"tensor_parallel_size = {tp} but only {len(usable)} GPU(s) are present; lower tensor_parallel_size"))
+            if need > free:
+                findings.append(Finding("warning", "memory (case 1)", f"target ({target:.0f} GiB) plus draft ({draft_size:.0f} GiB) weights need ~{need:.0f} GiB before the KV cache, but {tp} GPU(s) offer ~{free:.0f} GiB: both must fit. Quantize the target (AWQ/GPTQ), raise tensor_parallel_size, or use a draft-free method (ngram, eagle3)"))
+            else:
+                findings.append(Finding("info", "memory", f"weights ~{need:.0f} GiB of ~{free:.0f} GiB usable: they fit, {free - need:.0f} GiB left for the KV cache"))
+
+    if not spec:
+        findings.append(Finding("info", "speculation", "this profile does not speculate; add [profiles.NAME.speculative] to try it"))
+        return findings
+
+    # temperature (case 2)
+    if profile.temperature > 0.7:
+        findings.append(Finding("warning", "temperature (case 2)", f"temperature {profile.temperature:g} on a speculative profile: high temperature drops acceptance by 15-20 points. Keep it at 0.7 or below, or rely on code_temperature for code"))
+
+    # sizes (case 3), GPU profiles only
+    target_b = params_billion(profile.model)
+    if draft and not cpu:
+        draft_b = params_billion(draft)
+        if target_b is not None and target_b < 30:
+            findings.append(Finding("warning", "target size (case 3)", f"the target has ~{target_b:g}B parameters: under ~30B a GPU is rarely memory-bound enough for a draft model to pay. Measure with `termchat bench`, or try ngram/eagle3"))
+        if target_b and draft_b and draft_b > 0.12 * target_b:  # "~10%": the article's 8B-for-70B (11%) passes
+            findings.append(Finding("warning", "draft size (case 3)", f"the draft (~{draft_b:g}B) is {draft_b / target_b:.0%} of the target (~{target_b:g}B): above ~10% it costs too much per step. Pick a smaller draft of the same family"))
+
+    # vocabulary
+    if draft and not spec.get("use_heterogeneous_vocab"):
+        a, b = vocab_size(profile.model), vocab_size(draft)
+        fa, fb = family(profile.model), family(draft)
+        if a and b and a != b:
+            findings.append(Finding("warning", "vocabulary", f"target vocabulary {a} != draft vocabulary {b}: drafts cannot be verified token by token. Use a draft of the same family, or set use_heterogeneous_vocab = true"))
+        elif fa and fb and fa != fb:
+            findings.append(Finding("warning", "vocabulary", f"target family {fa} and draft family {fb} differ: their vocabularies probably do too. Use a draft of the same family, or set use_heterogeneous_vocab = true"))
+
+    # speculative tokens
+    k = spec.get("num_speculative_tokens") or 0
+    if k > 7:
+        findings.append(Finding("warning", "speculative tokens", f"num_speculative_tokens = {k}: past 7 the later positions are rarely accepted and each step costs more. Try 3-7 (`termchat bench --num-speculative-tokens 3,5,7,9`)"))
+    return findings
+
+
+def warnings_for(profile: Profile) -> list[Finding]:
+    return [f for f in check(profile) if f.level == "warning"]

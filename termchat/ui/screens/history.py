@@ -1,0 +1,111 @@
+"""The conversation list: search, open, rename, delete, export."""
+
+from __future__ import annotations
+
+import time
+
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label, OptionList
+from textual.widgets.option_list import Option
+
+from termchat.store import Store
+
+
+class HistoryScreen(ModalScreen[tuple[str, int] | None]):
+    """Dismisses with (action, conversation id): open, export-md, export-json."""
+
+    BINDINGS = [
+        Binding("escape", "dismiss(None)", "Close"),
+        Binding("ctrl+r", "rename", "Rename"),
+        Binding("ctrl+d", "delete", "Delete"),
+        Binding("ctrl+x", "export('md')", "Export Markdown"),
+        Binding("ctrl+j", "export('json')", "Export JSON"),
+    ]
+    DEFAULT_CSS = """
+    HistoryScreen { align: center middle; }
+    HistoryScreen > Vertical { width: 110; height: 80%; border: thick $primary; background: $surface; }
+    HistoryScreen Label { padding: 0 1; color: $text-muted; }
+    HistoryScreen OptionList { height: 1fr; }
+    """
+
+    def __init__(self, store: Store):
+        super().__init__()
+        self.store = store
+        self.pending_delete: int | None = None
+
+    def compose(self):
+        with Vertical():
+            yield Label("Conversations, newest first. Type to search; Enter opens; Ctrl+R renames; Ctrl+D deletes; Ctrl+X / Ctrl+J export Markdown / JSON; Escape closes.")
+            yield Input(placeholder="search titles and messages")
+            yield OptionList()
+
+    def on_mount(self) -> None:
+        self.refresh_list()
+        self.query_one(Input).focus()
+
+    def refresh_list(self, search: str = "") -> None:
+        options = self.query_one(OptionList)
+        options.clear_options()
+        for c in self.store.conversations(search=search):
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
+            options.add_option(Option(f"{when}  {c.profile:<14.14} {c.title}", id=str(c.id)))
+        if options.option_count:
+            options.highlighted = 0
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.pending_delete = None
+        self.refresh_list(event.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        selected = self._selected()
+        if selected is not None:
+            self.dismiss(("open", selected))
+
+    def on_key(self, event) -> None:
+        if event.key in ("down", "up") and self.query_one(Input).has_focus:
+            options = self.query_one(OptionList)
+            options.action_cursor_down() if event.key == "down" else options.action_cursor_up()
+            event.stop()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(("open", int(event.option.id)))
+
+    def _selected(self) -> int | None:
+        options = self.query_one(OptionList)
+        if options.highlighted is None or not options.option_count:
+            return None
+        return int(options.get_option_at_index(options.highlighted).id)
+
+    def action_rename(self) -> None:
+        from termchat.ui.screens.ask_text import AskText
+
+        selected = self._selected()
+        if selected is None:
+            return
+
+        def renamed(title: str | None) -> None:
+            if title:
+                self.store.rename(selected, title)
+                self.refresh_list(self.query_one(Input).value)
+
+        self.app.push_screen(AskText("New title:", self.store.conversation(selected).title), renamed)
+
+    def action_delete(self) -> None:
+        selected = self._selected()
+        if selected is None:
+            return
+        if self.pending_delete != selected:
+            self.pending_delete = selected
+            self.notify(f"press Ctrl+D again to delete '{self.store.conversation(selected).title}'", severity="warning")
+            return
+        self.store.delete(selected)
+        self.pending_delete = None
+        self.notify("deleted")
+        self.refresh_list(self.query_one(Input).value)
+
+    def action_export(self, fmt: str) -> None:
+        selected = self._selected()
+        if selected is not None:
+            self.dismiss((f"export-{fmt}", selected))

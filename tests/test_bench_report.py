@@ -1,0 +1,88 @@
+"""Bench arithmetic on fixed numbers, and the Spec-Bench reader."""
+
+from __future__ import annotations
+
+import pytest
+
+from termchat.bench import prompts as prompt_sets
+from termchat.bench.report import Sample, bar_chart, ideal_speedup, quantiles, summarize, verdict
+from termchat.errors import UserError
+
+
+def test_ideal_speedup_formula():
+    # (1 - a^(k+1)) / ((1 - a)(k*c + 1))
+    assert ideal_speedup(0.6, 5, 0.0) == pytest.approx((1 - 0.6**6) / 0.4)
+    assert ideal_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
+    assert ideal_speedup(1.0, 5, 0.0) == 6  # every draft accepted: k + 1 tokens per step
+    assert ideal_speedup(0.0, 5, 1.0) == pytest.approx(1 / 6)  # nothing accepted, draft as costly as target
+
+
+def test_verdicts_follow_the_thresholds_and_check_the_measurement():
+    assert verdict(0.35, 0.9).startswith("below 0.40") and "agrees" in verdict(0.35, 0.9)
+    assert "does NOT agree" in verdict(0.35, 1.3)
+    assert verdict(0.5, 1.2).startswith("0.40-0.60: moderate gain")
+    assert verdict(0.6, 2.0).startswith("0.60 and above: strong gain") and "agrees" in verdict(0.6, 2.0)
+    assert "does NOT agree" in verdict(0.7, 0.95)
+
+
+def test_quantiles():
+    assert quantiles([5.0]) == (5.0, 5.0, 5.0)
+    assert quantiles([1.0, 3.0]) == (1.0, 2.0, 3.0)
+    assert quantiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
+
+
+def test_summary_medians_ratios_and_acceptance():
+    samples = [
+        # prompt a: spec 30, 34 / base 20, 20 -> ratio 32/20 = 1.6
+        Sample("a", "code", True, 30.0, 100, accepted=30, drafted=50, spec_steps=10, histogram=[2, 2, 2, 2, 1, 1]),
+        Sample("a", "code", True, 34.0, 100, accepted=30, drafted=50, spec_steps=10, histogram=[2, 2, 2, 2, 1, 1]),
+        Sample("a", "code", False, 20.0, 100),
+        Sample("a", "code", False, 20.0, 100),
+        # prompt b: spec 22 / base 22 -> ratio 1.0
+        Sample("b", "code", True, 22.0, 100, accepted=0, drafted=50, spec_steps=10, histogram=[10, 0, 0, 0, 0, 0]),
+        Sample("b", "code", False, 22.0, 100),
+        Sample("c", "chat", True, 10.0, 50, accepted=5, drafted=50, spec_steps=10, histogram=[6, 2, 1, 1, 0, 0]),
+        Sample("c", "chat", False, 20.0, 50),
+    ]
+    results = {r.category: r for r in summarize(samples, k=5, draft_cost=0.0)}
+    code = results["code"]
+    assert code.spec_tps[1] == 30.0 and code.base_tps[1] == 20.0
+    assert code.speedup == pytest.approx(1.5)
+    assert code.speedup_spread == (1.0, pytest.approx(1.3), 1.6)
+    assert code.acceptance == pytest.approx(60 / 150)
+    assert code.mean_acceptance_length == pytest.approx(1 + 60 / 30)
+    # histogram summed: [14, 4, 4, 4, 2, 2] over 30 steps
+    assert code.per_position == pytest.approx([16 / 30, 12 / 30, 8 / 30, 4 / 30, 2 / 30])
+    assert code.ideal == pytest.approx(ideal_speedup(0.4, 5, 0.0))
+    assert code.efficiency == pytest.approx(1.5 / code.ideal)
+    chat = results["chat"]
+    assert chat.speedup == 0.5 and chat.verdict.startswith("below 0.40") and "agrees" in chat.verdict
+    chart = bar_chart([("", code), ("", chat)])
+    assert "1.50x" in chart and "0.50x" in chart and "1.0x" in chart
+
+
+def test_spec_bench_reader(tmp_path):
+    path = tmp_path / "spec.jsonl"
+    path.write_text(
+        '{"question_id": 81, "category": "writing", "turns": ["Compose a travel blog post.", "Rewrite it."]}\n'
+        "\n"
+        '{"question_id": 82, "category": "coding", "turns": ["Write a sort function."]}\n'
+    )
+    prompts = prompt_sets.from_file(str(path))
+    assert [(p.id, p.category, p.text) for p in prompts] == [("81", "writing", "Compose a travel blog post."), ("82", "coding", "Write a sort function.")]
+    assert [p.id for p in prompt_sets.from_file(str(path), ["coding"])] == ["82"]
+    path.write_text('{"question_id": 1, "category": "x", "turns": ["ok"]}\n{"question_id": 2, "turns": ["no category"]}\n')
+    with pytest.raises(UserError, match=r"spec.jsonl:2: not a Spec-Bench line"):
+        prompt_sets.from_file(str(path))
+
+
+def test_builtin_sets_have_twelve_honest_prompts_per_category():
+    prompts = prompt_sets.builtin()
+    for category in prompt_sets.CATEGORIES:
+        mine = [p for p in prompts if p.category == category]
+        assert len(mine) >= 12, category
+        assert len({p.text for p in mine}) == len(mine)
+    # edits quote code, summaries and extractions carry their text
+    assert sum("def " in p.text or "function " in p.text for p in prompts if p.category == "code") >= 8
+    assert all(len(p.text) > 200 for p in prompts if p.category == "summarization")
+    assert all(len(p.text) > 100 for p in prompts if p.category == "extraction")
