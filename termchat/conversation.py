@@ -6,7 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from termchat.classify import Classification, classify
+from termchat.errors import UserError
 from termchat.profiles import Profile
+
+
+def parse_temperature(text: str) -> float:
+    """`/temp X`: a number from 0 to 2, or a UserError saying so."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 2:
+        raise UserError("/temp takes a number from 0 to 2, e.g. /temp 0.3")
+    return value
 
 
 @dataclass(frozen=True)

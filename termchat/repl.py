@@ -26,7 +26,7 @@ from pygments.util import ClassNotFound
 
 from termchat import paths
 from termchat.attach import fenced_file
-from termchat.conversation import Conversation
+from termchat.conversation import Conversation, parse_temperature
 from termchat.engine import server
 from termchat.engine.client import ReplyInterrupted
 from termchat.errors import UserError
@@ -254,11 +254,9 @@ class Repl:
             await self.start_engine()
         elif command == "/temp":
             try:
-                value = float(arg)
-                if not 0 <= value <= 2:
-                    raise ValueError
-            except ValueError:
-                self.say("/temp takes a number from 0 to 2")
+                value = parse_temperature(arg)
+            except UserError as exc:
+                self.say(str(exc))
                 return None
             self.conversation.forced_temperature = value
             self.say(f"the next message uses temperature {value:g}")

@@ -18,7 +18,7 @@ def test_derived_from_step_sizes_when_the_server_gives_nothing():
     # prefill step, then steps accepting 3, 0 and 1 drafts with k = 3
     steps = [Step("", (1,), 0.2), Step("", (1, 2, 3, 4), 0.3), Step("", (5,), 0.4), Step("", (6, 7), 0.5)]
     stats = compute(steps, started=0.0, k=3)
-    assert stats.acceptance_source == "derived"
+    assert stats.acceptance_source == "step sizes"
     assert stats.accepted_tokens == 4 and stats.draft_tokens == 9
     assert abs(stats.acceptance_rate - 4 / 9) < 1e-9
     assert abs(stats.mean_acceptance_length - (1 + 4 / 3)) < 1e-9

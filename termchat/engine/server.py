@@ -205,32 +205,17 @@ class ManagedEngine(Engine):
             f"{self.log_tail()}\nFix the cause above, then start again (the full log is in that file)."
         )
 
-    def _check(self, client: httpx.Client | None = None) -> None:
+    def _check(self) -> None:
         if not self.alive():
             self.state = "failed"
             raise EngineError(self.describe_failure())
 
     def wait_ready(self, timeout: float = 600.0, progress: Progress | None = None) -> None:
         """Block until /health answers; raise EngineError with the log tail if it dies."""
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                self._check()
-                try:
-                    if client.get(self.root_url + "/health").status_code == 200:
-                        self.state = "ready"
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise EngineError(f"the engine did not become ready within {timeout:.0f} s; see {self.log_path}")
-                if progress:
-                    progress(self._progress_line())
-                time.sleep(0.5)
+        asyncio.run(self.wait_ready_async(timeout, progress))
 
     async def wait_ready_async(self, timeout: float = 600.0, progress: Progress | None = None) -> None:
-        """wait_ready() for an event loop (the TUI)."""
+        """Poll /health twice a second; give up at `timeout` or when the process dies."""
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(timeout=2.0) as client:
             while True:

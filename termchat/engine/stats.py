@@ -44,7 +44,7 @@ class ReplyStats:
     draft_tokens: int | None = None
     spec_steps: int | None = None  # verification steps that had drafts
     acceptance_histogram: list[int] = field(default_factory=list)  # [j] = steps accepting exactly j drafts
-    acceptance_source: str = "none"  # "server" | "derived" | "none"
+    acceptance_source: str = "none"  # "server" | "step sizes" | "none"
     temperature: float | None = None
     finish_reason: str | None = None
 
@@ -65,20 +65,16 @@ class ReplyStats:
         return " · ".join(parts)
 
     def summary(self) -> str:
-        parts = [f"{self.output_tokens} tokens"]
-        if self.ttft_s is not None:
-            parts.append(f"TTFT {self.ttft_s:.2f} s")
-        if self.decode_tokens_per_s is not None:
-            parts.append(f"{self.decode_tokens_per_s:.1f} tok/s")
+        """The full line `termchat ask` prints: short() plus where acceptance
+        came from, per-position acceptance and the temperature."""
+        parts = [self.short()]
         if self.acceptance_rate is not None:
-            parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.acceptance_source})")
-        if self.mean_acceptance_length is not None:
-            parts.append(f"mean length {self.mean_acceptance_length:.2f}")
+            parts.append(f"acceptance from the {self.acceptance_source}")
         if self.acceptance_per_position:
             parts.append("per position " + " ".join(f"{p:.2f}" for p in self.acceptance_per_position))
         if self.temperature is not None:
             parts.append(f"T={self.temperature:g}")
-        return " | ".join(parts)
+        return " · ".join(parts)
 
 
 def per_position_from_histogram(histogram: list[int]) -> list[float]:
@@ -132,7 +128,7 @@ def compute(
         # steps without a match propose nothing, so the rate is a lower bound.
         decode = token_steps[1:]
         accepted = [min(k, s.drafts_accepted) for s in decode]
-        stats.acceptance_source = "derived"
+        stats.acceptance_source = "step sizes"
         stats.accepted_tokens = sum(accepted)
         stats.draft_tokens = k * len(decode)
         stats.acceptance_rate = stats.accepted_tokens / stats.draft_tokens

@@ -21,7 +21,7 @@ from textual.widgets import Footer, Static
 
 from termchat import paths
 from termchat.attach import fenced_file
-from termchat.conversation import Conversation, TemperatureChoice
+from termchat.conversation import Conversation, TemperatureChoice, parse_temperature
 from termchat.engine import server
 from termchat.engine.client import ReplyInterrupted
 from termchat.engine.stats import ReplyStats, Step
@@ -273,8 +273,17 @@ class TermchatApp(App):
     def start_engine(self, profile: Profile) -> None:
         self._start_engine(profile)
 
+    @work(group="advice")
+    async def _advise(self, profile: Profile) -> None:
+        """The advisor's warnings for this profile, as dismissible notices."""
+        from termchat.advisor import warnings_for
+
+        for finding in await asyncio.to_thread(warnings_for, profile):
+            self.notify(f"{finding.rule}: {finding.message}", title=f"advice for '{profile.name}'", severity="warning", timeout=20)
+
     @work(group="engine", exclusive=True)
     async def _start_engine(self, profile: Profile) -> None:
+        self._advise(profile)
         self.status(engine="starting")
         self._panel(f"Starting the engine for '{profile.name}'…")
         try:
@@ -572,11 +581,9 @@ class TermchatApp(App):
                 await self.switch_profile(arg)
         elif command == "/temp":
             try:
-                value = float(arg)
-                if not 0 <= value <= 2:
-                    raise ValueError
-            except ValueError:
-                self.notify("/temp takes a number from 0 to 2, e.g. /temp 0.3", severity="error")
+                value = parse_temperature(arg)
+            except UserError as exc:
+                self.notify(str(exc), severity="error")
                 return
             self.conversation.forced_temperature = value
             self.notify(f"the next message uses temperature {value:g}")

@@ -18,10 +18,11 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
 
     BINDINGS = [
         Binding("escape", "dismiss(None)", "Close"),
-        Binding("ctrl+r", "rename", "Rename"),
-        Binding("ctrl+d", "delete", "Delete"),
-        Binding("ctrl+x", "export('md')", "Export Markdown"),
-        Binding("ctrl+j", "export('json')", "Export JSON"),
+        # priority: the search Input would take Ctrl+D (delete right) otherwise
+        Binding("ctrl+r", "rename", "Rename", priority=True),
+        Binding("ctrl+d", "delete", "Delete", priority=True),
+        Binding("ctrl+x", "export('md')", "Export Markdown", priority=True),
+        Binding("ctrl+j", "export('json')", "Export JSON", priority=True),
     ]
     DEFAULT_CSS = """
     HistoryScreen { align: center middle; }

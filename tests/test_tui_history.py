@@ -1,0 +1,74 @@
+"""History in the TUI: resume on start, the history screen, export. No engine needed."""
+
+from __future__ import annotations
+
+import json
+
+from termchat.store import CUT, Store
+from termchat.ui.app import TermchatApp
+from termchat.ui.screens.history import HistoryScreen
+from termchat.ui.widgets.message import MessageView
+
+
+def seed(store: Store) -> tuple[int, int]:
+    older = store.new_conversation("local")
+    store.add_message(older, "user", "older question about rust lifetimes")
+    store.add_message(older, "assistant", "older answer", profile="local", temperature=0.7)
+    newer = store.new_conversation("local")
+    store.add_message(newer, "user", "newest question")
+    store.add_message(newer, "assistant", "partial ans", status=CUT, profile="local", temperature=0.0, stats={"output_tokens": 3, "decode_tokens_per_s": 12.5})
+    return older, newer
+
+
+async def test_the_last_conversation_is_resumed_and_others_open_from_history(tmp_path):
+    store = Store(tmp_path / "h.db")
+    older, newer = seed(store)
+    app = TermchatApp(start_engine=False, store=store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.5)
+        views = list(app.query(MessageView))
+        assert [v.text for v in views] == ["newest question", "partial ans"]
+        assert "cut" in str(views[1].query_one(".footer").render())
+        assert app.conversation.messages[-1] == {"role": "assistant", "content": "partial ans"}
+        assert app.recorder.conversation_id == newer  # the next prompt continues it
+
+        await pilot.press("f3")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, HistoryScreen)
+        await pilot.press(*"rust")
+        await pilot.pause(0.2)
+        await pilot.press("enter")
+        await pilot.pause(0.5)
+        assert [v.text for v in app.query(MessageView)] == ["older question about rust lifetimes", "older answer"]
+        assert app.recorder.conversation_id == older
+
+        await pilot.press("ctrl+n")
+        await pilot.pause(0.2)
+        assert list(app.query(MessageView)) == [] and app.recorder is None
+
+
+async def test_rename_delete_and_export_from_the_history_screen(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = Store(tmp_path / "h.db")
+    older, newer = seed(store)
+    app = TermchatApp(start_engine=False, store=store, resume=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f3")
+        await pilot.pause(0.3)
+        await pilot.press("ctrl+r")  # rename the highlighted (newest) conversation
+        await pilot.pause(0.3)
+        await pilot.press("ctrl+a", "ctrl+k", *"renamed", "enter")
+        await pilot.pause(0.3)
+        assert store.conversation(newer).title == "renamed"
+        await pilot.press("ctrl+d")  # asks first...
+        await pilot.pause(0.2)
+        assert len(store.conversations()) == 2
+        await pilot.press("ctrl+d")  # ...then deletes
+        await pilot.pause(0.2)
+        assert [c.id for c in store.conversations()] == [older]
+        await pilot.press("ctrl+j")  # export JSON: asks for a file name
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+    data = json.loads((tmp_path / f"conversation-{older}.json").read_text())
+    assert [m["content"] for m in data["messages"]] == ["older question about rust lifetimes", "older answer"]

@@ -1,0 +1,34 @@
+"""The built wheel carries the themes, the bench prompts and the stylesheet,
+and they load through importlib.resources outside the checkout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+
+from .conftest import ROOT
+
+
+def test_wheel_contains_and_loads_its_data(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(ROOT)], check=True, timeout=600)
+    wheel = next(tmp_path.glob("termchat-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in ("termchat/themes/termchat-dark.toml", "termchat/themes/termchat-light.toml", "termchat/themes/high-contrast.toml",
+                 "termchat/bench/prompts/code.jsonl", "termchat/ui/app.tcss"):
+        assert name in names, name
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    probe = (
+        "import termchat, sys\n"
+        f"assert termchat.__file__.startswith({str(site)!r}), termchat.__file__\n"
+        "from termchat.ui.themes import load_all\n"
+        "from termchat.bench.prompts import builtin\n"
+        "themes, problems = load_all()\n"
+        "assert {'termchat-dark', 'termchat-light', 'high-contrast'} <= set(themes), themes\n"
+        "assert all(t.source.startswith(" + repr(str(site)) + ") for t in themes.values()), [t.source for t in themes.values()]\n"
+        "assert len(builtin()) >= 60\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "TERMCHAT_HOME": str(tmp_path / "home")}, capture_output=True, text=True)
+    assert result.stdout.strip() == "ok", result.stderr
