@@ -135,3 +135,25 @@ async def test_switching_profile_stops_the_old_engine_and_shows_the_new_name(sha
         assert "local" in app.query_one(StatusBar).text
         assert replies(app)[0].text  # the conversation stays on screen
         await asyncio.sleep(0)
+
+
+async def test_draft_tint_marks_the_text_from_accepted_drafts(shared_engine):
+    app = TermchatApp(resume=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await type_and_send(pilot, "Repeat this code exactly: def add(a, b): return a + b; def sub(a, b): return a - b; def mul(a, b): return a * b")
+        await wait_for(pilot, lambda: replies(app) and replies(app)[-1].stats is not None, what="reply")
+        view = replies(app)[-1]
+        multi = [s for s in view.steps if len(s.token_ids) > 1]
+        assert multi, "no step accepted a draft; the tint would have nothing to show"
+        await pilot.press("f6")
+        await wait_for(pilot, lambda: view.has_class("tinted"), timeout=30, what="tint")
+        content = view.query_one(".tint").content
+        tinted = "".join(content.plain[span.start:span.end] for span in content.spans)
+        assert content.plain == "".join(s.text for s in view.steps)
+        assert tinted and len(tinted) < len(content.plain)  # some text from drafts, not all
+        # a tinted piece never includes a step's own last token
+        assert all(app.token_text.get(s.token_ids[-1]) is not None for s in multi)
+        await pilot.press("f6")
+        await pilot.pause(0.3)
+        assert not view.has_class("tinted")

@@ -1,0 +1,68 @@
+"""The code/text classifier, in English and French, and `termchat classify`."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from termchat import cli
+from termchat.classify import classify, temperature_for
+
+CODE = [
+    "écris un test Jest pour cette fonction",
+    "Corrige cette erreur dans mon script",
+    "refactor this class to use composition",
+    "I get a traceback when I run it",
+    "fix the crash in app.py",
+    "```\nSELECT * FROM users;\n```",
+    "def area(w, h):\n    return w * h\nprint(area(2, 3))",
+    "Write a regex that matches ISO dates",
+    "How do I deploy a Dockerfile to kubernetes?",
+    "Implémente une fonction récursive pour la suite de Fibonacci",
+    "Pourquoi ma requête SQL est-elle lente ?",
+]
+TEXT = [
+    "Write a poem about the sea at night.",
+    "Quelle est la capitale de l'Australie ?",
+    "Résume ce texte sur la révolution française.",
+    "What should I pack for a three-day hike?",
+    "Raconte-moi une histoire de dragon.",
+    "Why do leaves change colour in autumn?",
+    "Give me three tips for a job interview.",
+]
+
+
+@pytest.mark.parametrize("prompt", CODE)
+def test_code_prompts(prompt):
+    assert classify(prompt).kind == "code", classify(prompt)
+
+
+@pytest.mark.parametrize("prompt", TEXT)
+def test_text_prompts(prompt):
+    assert classify(prompt).kind == "text", classify(prompt)
+
+
+def test_reasons_say_why():
+    assert classify("```py\nx = 1\n```").reason == "code fence"
+    assert classify("look at main.rs").reason == "file name main.rs"
+    assert "jest" in classify("écris un test Jest").reason
+
+
+def test_temperature_follows_the_kind_and_the_switch():
+    assert temperature_for("refactor this", 0.7, 0.2) == (0.2, classify("refactor this"))
+    assert temperature_for("refactor this", 0.7, 0.2, auto=False)[0] == 0.7
+    assert temperature_for("a poem please", 0.7, 0.2)[0] == 0.7
+
+
+def test_classify_command_reads_and_writes_json_lines(monkeypatch, capsys):
+    lines = [json.dumps({"prompt": p}) for p in ("écris un test Jest", "Raconte une histoire")]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    assert cli.main(["classify"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o["kind"] for o in out] == ["code", "text"]
+    assert [o["temperature"] for o in out] == [0.0, 0.7]  # the built-in profile's code_temperature and temperature
+    monkeypatch.setattr("sys.stdin", io.StringIO("not json\n"))
+    assert cli.main(["classify"]) == 2
+    assert "<stdin>:1: expected a JSON object" in capsys.readouterr().err
