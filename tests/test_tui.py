@@ -146,7 +146,7 @@ async def test_draft_tint_marks_the_text_from_accepted_drafts(shared_engine):
         view = replies(app)[-1]
         multi = [s for s in view.steps if len(s.token_ids) > 1]
         assert multi, "no step accepted a draft; the tint would have nothing to show"
-        await pilot.press("f6")
+        await pilot.press("f8")
         await wait_for(pilot, lambda: view.has_class("tinted"), timeout=30, what="tint")
         content = view.query_one(".tint").content
         tinted = "".join(content.plain[span.start:span.end] for span in content.spans)
@@ -154,6 +154,6 @@ async def test_draft_tint_marks_the_text_from_accepted_drafts(shared_engine):
         assert tinted and len(tinted) < len(content.plain)  # some text from drafts, not all
         # a tinted piece never includes a step's own last token
         assert all(app.token_text.get(s.token_ids[-1]) is not None for s in multi)
-        await pilot.press("f6")
+        await pilot.press("f8")
         await pilot.pause(0.3)
         assert not view.has_class("tinted")

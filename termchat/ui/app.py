@@ -68,14 +68,15 @@ class TermchatApp(App):
         Binding("f3", "history", "History"),
         Binding("escape", "cancel_reply", "Cancel reply"),
         Binding("ctrl+r", "regenerate", "Regenerate"),
-        Binding("ctrl+e", "edit_last", "Edit last"),
-        Binding("ctrl+y", "copy_code", "Copy code"),
+        # not Ctrl+E / Ctrl+Y / F6 / F7: the prompt (a TextArea) uses those
+        Binding("ctrl+l", "edit_last", "Edit last"),
+        Binding("ctrl+g", "copy_code", "Copy code"),
         Binding("ctrl+s", "save_code", "Save code"),
         Binding("ctrl+n", "new_conversation", "New chat"),
         Binding("ctrl+t", "cycle_theme", "Theme"),
         Binding("f4", "toggle_auto_temperature", "Auto temp"),
         Binding("f5", "restart_engine", "Restart engine"),
-        Binding("f6", "toggle_tint", "Draft tint"),
+        Binding("f8", "toggle_tint", "Draft tint"),
         *[Binding(f"alt+{i}", f"switch_index({i - 1})", f"Profile {i}", show=False) for i in range(1, 10)],
     ]
 
