@@ -73,7 +73,7 @@ def direct(engine, max_tokens: int) -> float:
 
 
 def via_ask(profile_name: str, config: str | None, max_tokens: int, nospec: bool) -> float:
-    cmd = [sys.executable, "-m", "termchat.cli", "ask", "--json", "--profile", profile_name, "--temperature", "0", "--max-tokens", str(max_tokens)]
+    cmd = [sys.executable, "-m", "termchat.cli", "ask", "--json", "--no-save", "--profile", profile_name, "--temperature", "0", "--max-tokens", str(max_tokens)]
     if nospec:
         cmd.append("--no-speculation")
     if config:

@@ -49,6 +49,7 @@ class MessageView(Vertical):
     MessageView .cut { color: $warning; }
     MessageView .failed { color: $error; }
     MessageView ChatMarkdown { margin: 0; padding: 0; layout: stream; }
+    MessageView .user-text { padding: 0 0 0 1; }
     MessageView .tint { display: none; padding: 0 1; }
     MessageView.tinted .tint { display: block; }
     MessageView.tinted ChatMarkdown { display: none; }
@@ -67,6 +68,10 @@ class MessageView(Vertical):
 
     def compose(self):
         yield Static(self._header, classes="header", markup=False)
+        if self.role == "user":
+            # what the user typed, line breaks and all (pasted code has no fences)
+            yield Static(inert(self.text), classes="user-text", markup=False)
+            return
         yield ChatMarkdown(inert(self.text))
         yield Static("", classes="tint")
         yield Static("", classes="footer")
@@ -123,7 +128,7 @@ class MessageView(Vertical):
             blocks.append((lang, "\n".join(current) + "\n"))
         return blocks
 
-    def show_tint(self, on: bool, last_token_text) -> None:
+    def show_tint(self, on: bool, last_token_text) -> None:  # assistant messages only
         """Tint the text that came from accepted drafts.
 
         A step of n tokens accepted n - 1 drafts; its last token is the

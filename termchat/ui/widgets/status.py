@@ -88,7 +88,7 @@ class StatusBar(Horizontal):
         for key, value in changes.items():
             setattr(self.info, key, value)
         self.query_one("#status-text", Static).update(render(self.info))
-        self.query_one(Sparkline).data = list(self.info.history[-16:]) or [0]
+        self.query_one(Sparkline).data = list(self.info.history[-12:])
 
     @property
     def text(self) -> str:
