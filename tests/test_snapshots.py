@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from termchat.engine.stats import ReplyStats, Step
+from termchat.engine.stats import ReplyStats
 from termchat.profiles import load_config
 from termchat.ui.app import TermchatApp
 from termchat.ui.widgets.message import MessageView
@@ -36,10 +36,10 @@ async def fixed_conversation(pilot) -> None:
     app.query_one(PromptArea).cursor_blink = False
     chat = app.query_one("#chat")
     await chat.mount(MessageView("user", "you", "Write an add function and a pytest test for it."))
-    view = MessageView("assistant", "local · T=0 ↓code (code: words: function, pytest, test)")
+    # the whole reply at once: these pictures are about the look (streaming
+    # is covered by the Pilot tests and the UI benchmark)
+    view = MessageView("assistant", "local · T=0 ↓code (code: words: function, pytest, test)", REPLY)
     await chat.mount(view)
-    for i in range(0, len(REPLY), 7):
-        await view.append(Step(REPLY[i : i + 7], (1, 2), 0.0))
     stats = ReplyStats(output_tokens=58, ttft_s=0.31, decode_tokens_per_s=31.4, acceptance_rate=0.62, mean_acceptance_length=3.1, temperature=0.0)
     await view.finish(stats)
     app.status(engine="ready", tokens_per_s=31.4, acceptance=0.62, mean_length=3.1, temperature=0.0, lowered=True, context_used=142, history=[22.0, 25.5, 31.4])

@@ -97,6 +97,10 @@ class MessageView(Vertical):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+            # stop() can return while a shielded append is still mounting
+            # blocks; the widget's lock is released when the last one is done
+            async with self.body.lock:
+                pass
         self.stats = stats
         footer = self.query_one(".footer", Static)
         parts = [note] if note else []
