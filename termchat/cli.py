@@ -108,10 +108,9 @@ def cmd_serve(args) -> int:
     if profile.is_remote:
         raise UserError(f"profile '{profile.name}' points at a remote endpoint ({profile.endpoint}); there is nothing to serve here")
     if args.dry_run:
-        print(shlex.join(server.server_command(profile, args.port or "PORT", "KEY", resolve_model=False)))
+        print(shlex.join(server.server_command(profile, args.port or "PORT", resolve_model=False)))
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in profile.env.items())
-        if env:
-            print(f"# environment: {env}")
+        print(f"# environment: {env + ' ' if env else ''}VLLM_API_KEY=<random, per start>")
         return 0
     show, done = _progress_printer()
 

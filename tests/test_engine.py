@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -48,6 +49,17 @@ def test_local_ngram_speculation_pays_on_repeated_code(shared_engine):
     assert len(stats.acceptance_per_position) == 5
     # some steps carried several tokens: drafts were accepted where we could see them
     assert max(len(s.token_ids) for s in stream.steps) > 1
+
+
+def test_the_api_key_is_nowhere_on_disk_or_in_ps(shared_engine):
+    from termchat.paths import data_dir
+
+    key = shared_engine.api_key
+    assert key and key not in shared_engine.log_path.read_text(errors="replace")
+    cmdline = (Path("/proc") / str(shared_engine.pid) / "cmdline").read_bytes().decode(errors="replace")
+    assert "vllm" in cmdline and key not in cmdline
+    for db in data_dir().glob("termchat.db*"):
+        assert key.encode() not in db.read_bytes()
 
 
 def test_request_without_the_api_key_is_refused(shared_engine):

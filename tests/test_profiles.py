@@ -45,6 +45,15 @@ def test_article_profile_translates_the_vllm_08_spelling_and_dry_run_shows_it(ca
         assert flag in out
 
 
+def test_trust_remote_code_only_when_a_profile_sets_it():
+    from termchat.engine.server import server_command
+
+    config, _ = parse_config('[profiles.a]\nmodel = "m"\n[profiles.b]\nmodel = "m"\ntrust_remote_code = true\n', "x.toml")
+    assert "--trust-remote-code" not in server_command(config.profiles["a"], resolve_model=False)
+    assert "--trust-remote-code" in server_command(config.profiles["b"], resolve_model=False)
+    assert "--api-key" not in server_command(config.profiles["a"], resolve_model=False)
+
+
 def test_legacy_ngram_spelling(tmp_path):
     text = '[profiles.p]\nmodel = "m"\nspeculative_model = "[ngram]"\nnum_speculative_tokens = 4\nngram_prompt_lookup_max = 3\n'
     config, problems = parse_config(text, "x.toml")

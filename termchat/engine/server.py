@@ -88,11 +88,14 @@ def _flag(key: str, value) -> list[str]:
     return [name, str(value)]
 
 
-def server_command(profile: Profile, port: int | str = "PORT", api_key: str = "KEY", resolve_model: bool = True) -> list[str]:
-    """The exact command line that starts vLLM's server for a profile."""
+def server_command(profile: Profile, port: int | str = "PORT", resolve_model: bool = True) -> list[str]:
+    """The exact command line that starts vLLM's server for a profile.
+
+    The API key goes in the environment (VLLM_API_KEY), not on the command
+    line, where any local user could read it with `ps`."""
     model = models.resolve(profile.model) if resolve_model else profile.model
     cmd = [sys.executable, "-m", SERVER_MODULE, "--model", model, "--served-model-name", profile.model]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--api-key", api_key]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
     for key in ("tokenizer", "dtype", "max_model_len", "tensor_parallel_size", "quantization", "gpu_memory_utilization"):
         value = getattr(profile, key)
         if value is not None:
@@ -153,13 +156,13 @@ class ManagedEngine(Engine):
     def launch(cls, profile: Profile, log_dir: Path | None = None) -> ManagedEngine:
         """Start the server and return at once; call wait_ready() next."""
         port, key = free_port(), secrets.token_urlsafe(24)
-        cmd = server_command(profile, port, key)
+        cmd = server_command(profile, port)
         log_dir = log_dir or paths.logs_dir()
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"engine-{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
-        env = {**os.environ, **profile.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **profile.env, "PYTHONUNBUFFERED": "1", "VLLM_API_KEY": key}
         with open(log_path, "wb") as log:
-            log.write(("$ " + shlex.join(cmd).replace(key, "***") + "\n").encode())
+            log.write(("$ " + shlex.join(cmd) + "\n").encode())
             log.flush()
             try:
                 process = subprocess.Popen(
