@@ -127,8 +127,7 @@ def cmd_serve(args) -> int:
         server.write_serve_state(engine)
         print(f"serving profile '{profile.name}' at {engine.base_url} (API key in {server._serve_file(profile.name)}); log: {engine.log_path}", file=sys.stderr)
         print("termchat ask --profile " + profile.name + " attaches to it. Ctrl+C stops it.", file=sys.stderr)
-        while engine.alive():
-            engine.process.wait(timeout=None) if engine.process else None
+        engine.process.wait()  # until Ctrl+C / SIGTERM, or the engine dies
         raise UserError(engine.describe_failure())
     except KeyboardInterrupt:
         return 0

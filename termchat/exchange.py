@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from termchat.conversation import Conversation, TemperatureChoice
-from termchat.engine.client import ChatStream, ReplyInterrupted, Sampling
+from termchat.engine.client import ChatStream, Sampling
 from termchat.engine.server import Engine
 from termchat.engine.stats import ReplyStats, Step
 from termchat.profiles import Profile
@@ -79,10 +79,7 @@ async def exchange(
     except (asyncio.CancelledError, KeyboardInterrupt):
         _end(conversation, recorder, writer, CUT, None)
         raise
-    except ReplyInterrupted:
-        _end(conversation, recorder, writer, INTERRUPTED, None)
-        raise
-    except BaseException:
+    except BaseException:  # ReplyInterrupted (engine gone) and anything else
         _end(conversation, recorder, writer, INTERRUPTED, None)
         raise
     _end(conversation, recorder, writer, COMPLETE, stream.stats)

@@ -80,10 +80,6 @@ class MessageView(Vertical):
     def body(self) -> ChatMarkdown:
         return self.query_one(ChatMarkdown)
 
-    def set_header(self, text: str) -> None:
-        self._header = text
-        self.query_one(".header", Static).update(text)
-
     async def append(self, step: Step) -> None:
         """Add one engine step to the reply (through the Markdown stream)."""
         self.steps.append(step)
@@ -110,10 +106,6 @@ class MessageView(Vertical):
         footer.display = bool(parts)
         if note_class:
             footer.add_class(note_class)
-
-    async def replace_text(self, text: str) -> None:
-        self.text = text
-        await self.body.update(inert(text))
 
     def code_blocks(self) -> list[tuple[str, str]]:
         """(language, code) of every fenced block in this message."""
