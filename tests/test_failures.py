@@ -32,8 +32,8 @@ VICTIM = """
 model = "termchat:smollm2-135m-instruct"
 dtype = "float32"
 max_model_len = 2048
-temperature = 0.8
-max_tokens = 400
+temperature = 0.0
+max_tokens = 1000
 engine_args = { enforce_eager = true }
 env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0" }
 [profiles.victim.speculative]
@@ -42,7 +42,9 @@ num_speculative_tokens = 5
 prompt_lookup_min = 2
 prompt_lookup_max = 5
 """
-LONG = "Tell me a long story about a lighthouse keeper and her cat."
+# greedy and long, so the kill always lands mid-reply (a story at T=0.8
+# sometimes ended after eight tokens, before the kill: a flaky CI run)
+LONG = "Count from 1 to 400, separated by commas."
 
 
 def victim_config():
@@ -100,7 +102,7 @@ async def test_repl_survives_an_engine_death_and_the_next_prompt_restarts_it(pre
         await until(lambda: "ready" in "".join(out))
         first = repl.engine
         pipe.send_text(LONG + "\r")
-        label = "[T=0.8 (text prompt)]"
+        label = "[T=0 (text prompt)]"
         await until(lambda: label in "".join(out) and len("".join(out).split(label)[-1]) > 100)
         kill_engine(first)
         await until(lambda: "stopped answering mid-reply" in "".join(out))

@@ -88,7 +88,9 @@ async def test_escape_cancels_a_reply_and_keeps_the_partial_text(shared_engine):
     app = TermchatApp(resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        await type_and_send(pilot, "Tell me a very long story about a lighthouse keeper and her cat.")
+        # greedy and long, so the reply is still running when Escape lands
+        await type_and_send(pilot, "/temp 0")
+        await type_and_send(pilot, "Count from 1 to 400, separated by commas.")
         await wait_for(pilot, lambda: replies(app) and len(replies(app)[-1].steps) >= 5, what="first steps")
         await pilot.press("escape")
         await wait_for(pilot, lambda: replies(app)[-1].cut, what="cut")
