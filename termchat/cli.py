@@ -151,7 +151,7 @@ def cmd_ask(args) -> int:
     from termchat.conversation import Conversation, TemperatureChoice
     from termchat.engine import server
     from termchat.exchange import Recorder, exchange
-    from termchat.store import Store
+    from termchat.store import Store, StoreError
 
     profile = _config(args).get(args.profile)
     if args.no_speculation:
@@ -164,8 +164,12 @@ def cmd_ask(args) -> int:
         choice = TemperatureChoice(args.temperature, False, "set with --temperature")
     else:
         choice = conversation.choose_temperature(prompt, profile)
-    store = None if args.no_save else Store()
-    recorder = Recorder(store, store.new_conversation(profile.name) if store else None)
+    try:
+        store = None if args.no_save else Store()
+    except StoreError as exc:  # the answer matters more than its record
+        print(f"termchat: {exc} This exchange will not be saved.", file=sys.stderr)
+        store = None
+    recorder = Recorder.start(store, profile)
 
     show, done = _progress_printer()
     engine = server.open_engine(profile, progress=show)

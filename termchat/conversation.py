@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from termchat.classify import Classification, classify
+from termchat.classify import temperature_for
 from termchat.errors import UserError
 from termchat.profiles import Profile
 
@@ -37,17 +37,24 @@ class Conversation:
     messages: list[dict] = field(default_factory=list)  # user/assistant turns
     auto_temperature: bool = True
     forced_temperature: float | None = None  # `/temp X`, for the next message only
+    attachments: list[str] = field(default_factory=list)  # `/file` blocks for the next message
+
+    def with_attachments(self, prompt: str) -> str:
+        """`prompt` followed by the files attached since the last message (then forgotten)."""
+        text = "\n\n".join([prompt, *self.attachments]) if self.attachments else prompt
+        self.attachments = []
+        return text
 
     def choose_temperature(self, prompt: str, profile: Profile) -> TemperatureChoice:
         if self.forced_temperature is not None:
             value, self.forced_temperature = self.forced_temperature, None
             return TemperatureChoice(value, False, "set with /temp")
-        kind: Classification = classify(prompt)
+        value, kind = temperature_for(prompt, profile.temperature, profile.code_temperature, self.auto_temperature)
         if not self.auto_temperature:
-            return TemperatureChoice(profile.temperature, False, f"auto off; {kind.kind} prompt")
+            return TemperatureChoice(value, False, f"auto off; {kind.kind} prompt")
         if kind.is_code:
-            return TemperatureChoice(profile.code_temperature, profile.code_temperature < profile.temperature, f"code: {kind.reason}")
-        return TemperatureChoice(profile.temperature, False, "text prompt")
+            return TemperatureChoice(value, value < profile.temperature, f"code: {kind.reason}")
+        return TemperatureChoice(value, False, "text prompt")
 
     def request(self, profile: Profile) -> list[dict]:
         """The messages to send: system prompt first, then the turns."""

@@ -29,6 +29,18 @@ class Recorder:
     last_user_id: int | None = None
     last_reply_id: int | None = None
 
+    @classmethod
+    def start(cls, store: Store | None, profile: Profile, system_prompt: str = "") -> Recorder:
+        """A recorder for a new conversation. If the store cannot take one, a
+        recorder that stores nothing and holds the error for the caller to show:
+        the reply still goes ahead."""
+        if store is None:
+            return cls(None, None)
+        try:
+            return cls(store, store.new_conversation(profile.name, system_prompt=system_prompt))
+        except StoreError as exc:
+            return cls(None, None, error=exc)
+
     def user(self, text: str, profile: Profile) -> None:
         self.last_user_id = self.last_reply_id = None
         if self.store is None or self.conversation_id is None:

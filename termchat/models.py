@@ -64,6 +64,15 @@ def resolve(model: str) -> str:
     return model
 
 
+def short_name(model: str, drop_instruct: bool = False) -> str:
+    """A model's name for narrow places: no `termchat:` or hub owner, and
+    optionally no `-instruct` suffix (the status bar)."""
+    name = model.removeprefix("termchat:").rsplit("/", 1)[-1]
+    if drop_instruct and name.lower().endswith("-instruct"):
+        return name[: -len("-instruct")]
+    return name
+
+
 def _say(message: str, quiet: bool) -> None:
     if not quiet:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)

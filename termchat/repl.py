@@ -114,7 +114,6 @@ class Repl:
         self.store = store
         self.conversation = Conversation()
         self.recorder: Recorder | None = None
-        self.attachments: list[str] = []
         self.engine: server.Engine | None = None
 
     def say(self, text: str) -> None:
@@ -180,19 +179,9 @@ class Repl:
         if self.engine is None or not self.engine.alive():
             if not await self.start_engine():
                 return
-        if self.attachments:
-            text = text + "\n\n" + "\n".join(self.attachments)
-            self.attachments = []
+        text = self.conversation.with_attachments(text)
         if self.recorder is None:
-            store = self._store()
-            conversation_id = None
-            if store is not None:
-                try:
-                    conversation_id = store.new_conversation(self.profile.name)
-                except StoreError as exc:
-                    self.say(str(exc))
-                    store = None
-            self.recorder = Recorder(store, conversation_id)
+            self.recorder = Recorder.start(self._store(), self.profile, self.conversation.system_prompt)
         choice = self.conversation.choose_temperature(text, self.profile)
         self.say(f"[{choice.label()}]")
         printer = ReplyPrinter(self.write, self.color)
@@ -265,7 +254,7 @@ class Repl:
             self.say("system prompt set" if arg else "system prompt back to the profile's")
         elif command == "/file":
             try:
-                self.attachments.append(fenced_file(arg))
+                self.conversation.attachments.append(fenced_file(arg))
                 self.say(f"attached {arg}; it goes with your next message")
             except UserError as exc:
                 self.say(str(exc))

@@ -6,6 +6,7 @@ import json
 import os
 import select
 import signal
+import sqlite3
 import subprocess
 import time
 
@@ -67,6 +68,22 @@ def test_kill_9_of_ask_mid_reply_keeps_the_prompt_and_the_partial_reply(shared_e
     assert cli.main(["history", "show", str(new[0].id)]) == 0
     out = capsys.readouterr().out
     assert STORY in out and "[interrupted]" in out and reply.content[:50] in out
+
+
+def test_ask_with_a_locked_database_still_answers_and_says_so(shared_engine):
+    path = Store().path
+    before = [c.id for c in Store().conversations()]
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another program holds the database
+    try:
+        result = subprocess.run([*TERMCHAT, "ask", "--temperature", "0", "--max-tokens", "8", "Name a colour."], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()  # the reply was shown
+    assert "locked by another termchat" in result.stderr and "Traceback" not in result.stderr
+    assert [c.id for c in Store().conversations()] == before  # nothing half-written
 
 
 def test_ask_records_its_exchange_unless_no_save(shared_engine):

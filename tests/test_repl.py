@@ -36,3 +36,15 @@ async def test_repl_answers_a_prompt_and_keeps_history_between_runs(shared_engin
     # a second run finds the first run's prompts in its history
     text, repl = await run_repl("\x04", history)
     assert "Name three colours." in list(repl.session.history.load_history_strings())
+
+
+async def test_file_goes_with_the_next_message_only_as_a_fenced_block(shared_engine, tmp_path):
+    source = tmp_path / "adder.py"
+    source.write_text("def add(a, b):\n    return a + b\n")
+    keys = f"/file {source}\rName the function in one word.\rSay yes.\r\x04"
+    text, repl = await run_repl(keys, tmp_path / "history")
+    assert f"attached {source}" in text
+    stored = [m for m in Store().messages(repl.recorder.conversation_id) if m.role == "user"]
+    assert stored[0].content.startswith("Name the function in one word.\n\n")
+    assert "```python" in stored[0].content and "def add(a, b):\n    return a + b" in stored[0].content
+    assert stored[1].content == "Say yes."  # the attachment was used once

@@ -112,7 +112,7 @@ async def test_file_refuses_a_binary_file_with_a_message(shared_engine, tmp_path
         await pilot.pause(0.2)
         messages = [n.message for n in app._notifications]
         assert any("is a binary file; only text files can be attached" in m for m in messages), messages
-        assert app.attachments == []
+        assert app.conversation.attachments == []
 
 
 async def test_switching_profile_stops_the_old_engine_and_shows_the_new_name(shared_engine):

@@ -93,7 +93,6 @@ class TermchatApp(App):
         self.engine: server.Engine | None = None
         self.conversation = Conversation()
         self.pending: tuple[MessageView, str, TemperatureChoice] | None = None
-        self.attachments: list[str] = []
         self.tint = False
         self.token_text: dict[int, str] = {}
         self.termchat_themes, self.theme_problems = load_all()
@@ -177,13 +176,7 @@ class TermchatApp(App):
 
     def _recorder(self) -> Recorder:
         if self.recorder is None:
-            conversation_id = None
-            if self.store is not None:
-                try:
-                    conversation_id = self.store.new_conversation(self.profile.name, system_prompt=self.conversation.system_prompt)
-                except StoreError as exc:
-                    self.notify(str(exc), severity="error", timeout=10)
-            self.recorder = Recorder(self.store if conversation_id else None, conversation_id)
+            self.recorder = Recorder.start(self.store, self.profile, self.conversation.system_prompt)
         return self.recorder
 
     def action_history(self) -> None:
@@ -358,9 +351,7 @@ class TermchatApp(App):
         await self.send(text)
 
     async def send(self, text: str) -> None:
-        if self.attachments:
-            text = text + "\n\n" + "\n".join(self.attachments)
-            self.attachments = []
+        text = self.conversation.with_attachments(text)
         choice = self.conversation.choose_temperature(text, self.profile)
         chat = self.query_one("#chat")
         await chat.mount(MessageView("user", "you", text))
@@ -599,7 +590,7 @@ class TermchatApp(App):
             except UserError as exc:
                 self.notify(str(exc), severity="error", timeout=8)
                 return
-            self.attachments.append(block)
+            self.conversation.attachments.append(block)
             self.notify(f"attached {arg}; it goes with your next message")
         elif command == "/clear":
             await self.action_new_conversation()

@@ -8,20 +8,17 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
+from termchat.models import short_name
 from termchat.profiles import Profile
-
-
-def _short(model: str) -> str:
-    return model.removeprefix("termchat:").rsplit("/", 1)[-1]
 
 
 def describe(index: int, profile: Profile, current: str) -> str:
     """One row: key, name, target model, and draft/method (short names)."""
     key = f"{index + 1}" if index < 9 else " "
     mark = "●" if profile.name == current else " "
-    target = (profile.endpoint.split("//")[-1] + " " if profile.endpoint else "") + _short(profile.model)
+    target = (profile.endpoint.split("//")[-1] + " " if profile.endpoint else "") + short_name(profile.model)
     if profile.speculative:
-        draft = profile.method + (f" {_short(profile.speculative['model'])}" if profile.speculative.get("model") else "")
+        draft = profile.method + (f" {short_name(profile.speculative['model'])}" if profile.speculative.get("model") else "")
         draft += f" k={profile.num_speculative_tokens}"
     else:
         draft = "no speculation"

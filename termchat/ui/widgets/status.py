@@ -13,6 +13,8 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Sparkline, Static
 
+from termchat.models import short_name
+
 LOW, HIGH = 0.40, 0.60
 
 
@@ -38,17 +40,12 @@ class StatusInfo:
     history: list[float] = field(default_factory=list)
 
 
-def _short(model: str) -> str:
-    name = model.removeprefix("termchat:").rsplit("/", 1)[-1]
-    return name[: -len("-instruct")] if name.lower().endswith("-instruct") else name
-
-
 def render(info: StatusInfo) -> Content:
     parts: list[Content] = [Content.styled(f" {info.profile} ", "bold $text on $primary-muted")]
     # order = priority: what is cut first on a narrow terminal comes last
-    model = _short(info.model)
+    model = short_name(info.model, drop_instruct=True)
     if info.draft:
-        model += f" ← {_short(info.draft)}"
+        model += f" ← {short_name(info.draft, drop_instruct=True)}"
     parts.append(Content(model))
     state_style = {"ready": "$success", "streaming": "$accent", "failed": "bold $error"}.get(info.engine.split()[0], "$warning")
     parts.append(Content.styled(info.engine, state_style))
