@@ -8,6 +8,7 @@ from termchat.store import CUT, Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.widgets.message import MessageView
+from termchat.ui.widgets.status import StatusBar
 
 
 def seed(store: Store) -> tuple[int, int]:
@@ -16,7 +17,7 @@ def seed(store: Store) -> tuple[int, int]:
     store.add_message(older, "assistant", "older answer", profile="local", temperature=0.7)
     newer = store.new_conversation("local")
     store.add_message(newer, "user", "newest question")
-    store.add_message(newer, "assistant", "partial ans", status=CUT, profile="local", temperature=0.0, stats={"output_tokens": 3, "decode_tokens_per_s": 12.5})
+    store.add_message(newer, "assistant", "partial ans", status=CUT, profile="local", temperature=0.0, stats={"output_tokens": 3, "prompt_tokens": 40, "decode_tokens_per_s": 12.5})
     return older, newer
 
 
@@ -31,6 +32,7 @@ async def test_the_last_conversation_is_resumed_and_others_open_from_history(tmp
         assert "cut" in str(views[1].query_one(".footer").render())
         assert app.conversation.messages[-1] == {"role": "assistant", "content": "partial ans"}
         assert app.recorder.conversation_id == newer  # the next prompt continues it
+        assert app.query_one(StatusBar).info.context_used == 43  # its context, from the stored stats
 
         await pilot.press("f3")
         await pilot.pause(0.3)
@@ -41,6 +43,7 @@ async def test_the_last_conversation_is_resumed_and_others_open_from_history(tmp
         await pilot.pause(0.5)
         assert [v.text for v in app.query(MessageView)] == ["older question about rust lifetimes", "older answer"]
         assert app.recorder.conversation_id == older
+        assert app.query_one(StatusBar).info.context_used is None  # no stats stored for it
 
         await pilot.press("ctrl+n")
         await pilot.pause(0.2)

@@ -62,21 +62,22 @@ def _write_ui_state(**changes) -> None:
 class TermchatApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "termchat"
+    # the footer shows the first eight (they fit 120 columns); F1 lists them all
     BINDINGS = [
-        Binding("f1", "help", "Help"),
-        Binding("f2", "pick_profile", "Profiles"),
-        Binding("f3", "history", "History"),
-        Binding("escape", "cancel_reply", "Cancel reply"),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("f1", "help", "Help", tooltip="every key and slash command"),
+        Binding("f2", "pick_profile", "Profiles", tooltip="list the profiles (model, draft, method) and switch"),
+        Binding("f3", "history", "History", tooltip="stored conversations: search, open, rename, delete, export"),
+        Binding("escape", "cancel_reply", "Cancel reply", tooltip="stop the reply; the partial text stays, marked as cut"),
+        Binding("ctrl+r", "regenerate", "Regenerate", tooltip="ask the last prompt again"),
+        Binding("ctrl+g", "copy_code", "Copy code", tooltip="copy the last code block to the clipboard"),
+        Binding("f4", "toggle_auto_temperature", "Auto temp", tooltip="automatic code temperature on/off for this session"),
+        Binding("f8", "toggle_tint", "Draft tint", tooltip="tint the text that came from accepted drafts"),
         # not Ctrl+E / Ctrl+Y / F6 / F7: the prompt (a TextArea) uses those
-        Binding("ctrl+l", "edit_last", "Edit last"),
-        Binding("ctrl+g", "copy_code", "Copy code"),
-        Binding("ctrl+s", "save_code", "Save code"),
-        Binding("ctrl+n", "new_conversation", "New chat"),
-        Binding("ctrl+t", "cycle_theme", "Theme"),
-        Binding("f4", "toggle_auto_temperature", "Auto temp"),
-        Binding("f5", "restart_engine", "Restart engine"),
-        Binding("f8", "toggle_tint", "Draft tint"),
+        Binding("ctrl+l", "edit_last", "Edit last", show=False, tooltip="put the last prompt back in the input (its reply is removed)"),
+        Binding("ctrl+s", "save_code", "Save code", show=False, tooltip="save the last code block to a file"),
+        Binding("ctrl+n", "new_conversation", "New chat", show=False, tooltip="start a new conversation"),
+        Binding("ctrl+t", "cycle_theme", "Theme", show=False, tooltip="next theme (remembered)"),
+        Binding("f5", "restart_engine", "Restart engine", show=False, tooltip="stop and start the engine of this profile"),
         *[Binding(f"alt+{i}", f"switch_index({i - 1})", f"Profile {i}", show=False) for i in range(1, 10)],
     ]
 
@@ -171,6 +172,8 @@ class TermchatApp(App):
                 stats = ReplyStats(**{k: v for k, v in (m.stats or {}).items() if k in ReplyStats.__dataclass_fields__}) if m.stats else None
                 note = f"⚑ {m.flagged}" if m.flagged else ""
                 await view.finish(stats, note, "cut" if m.flagged else "")
+        last = next((m.stats for m in reversed(messages) if m.role == "assistant" and m.stats), None)
+        self.status(context_used=(last.get("prompt_tokens") or 0) + last.get("output_tokens", 0) if last else None)
         await self._note(f"conversation {conversation_id}: {conv.title}")
         chat.anchor()
 
@@ -603,7 +606,7 @@ class TermchatApp(App):
 
     def binding_rows(self) -> list[tuple[str, str]]:
         rows = [("Enter", "send"), ("Shift+Enter, Ctrl+J", "new line in the prompt"), ("Ctrl+P", "command palette"), ("Ctrl+Q", "quit")]
-        rows += [("+".join(part.capitalize() for part in b.key.split("+")), b.description) for b in self.BINDINGS if b.show]
+        rows += [("+".join(part.capitalize() for part in b.key.split("+")), b.tooltip or b.description) for b in self.BINDINGS if not b.action.startswith("switch_index")]
         rows.append(("Alt+1 … Alt+9", "switch to profile 1-9 of the picker"))
         return rows
 

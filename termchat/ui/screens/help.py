@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from rich.table import Table
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Markdown
+from textual.widgets import Markdown, Static
 
 SLASH_HELP = {
     "/profile NAME": "switch to another profile (stops the old engine first)",
@@ -29,20 +30,25 @@ class HelpScreen(ModalScreen):
         self.rows = bindings
 
     def compose(self):
-        lines = ["# termchat help", "", "## Keys", "", "| key | does |", "| --- | --- |"]
-        lines += [f"| `{key}` | {text} |" for key, text in self.rows]
-        lines += ["", "## Slash commands", "", "| command | does |", "| --- | --- |"]
-        lines += [f"| `{cmd}` | {text} |" for cmd, text in SLASH_HELP.items()]
-        lines += [
-            "",
-            "## The status bar",
-            "",
+        status = (
             "Acceptance = accepted draft tokens / proposed. **Red** below 40%: speculation costs "
             "more than it gives. **Yellow** 40-60%: a moderate gain. **Green** 60% and above: a strong gain. "
             "`len` is the mean acceptance length (tokens per verification step). `T` is the temperature used; "
-            "`↓code` means it was lowered because the prompt is about code.",
-            "",
-            "Escape closes this screen.",
-        ]
+            "`↓code` means it was lowered because the prompt is about code."
+        )
         with VerticalScroll():
-            yield Markdown("\n".join(lines))
+            yield Markdown("# termchat help\n\n## Keys")
+            yield Static(_table(self.rows), classes="keys")
+            yield Markdown("## Slash commands")
+            yield Static(_table(list(SLASH_HELP.items())), classes="keys")
+            yield Markdown(f"## The status bar\n\n{status}\n\nEscape closes this screen.")
+
+
+def _table(rows: list[tuple[str, str]]) -> Table:
+    """One line per row: a compact two-column list (a Markdown table takes two lines a row)."""
+    table = Table(box=None, show_header=False, padding=(0, 2, 0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for key, text in rows:
+        table.add_row(key, text)
+    return table
