@@ -67,7 +67,7 @@ class TermchatApp(App):
         Binding("f1", "help", "Help", tooltip="every key and slash command"),
         Binding("f2", "pick_profile", "Profiles", tooltip="list the profiles (model, draft, method) and switch"),
         Binding("f3", "history", "History", tooltip="stored conversations: search, open, rename, delete, export"),
-        Binding("escape", "cancel_reply", "Cancel reply", tooltip="stop the reply; the partial text stays, marked as cut"),
+        Binding("escape", "cancel_reply", "Cancel", tooltip="stop the reply; the partial text stays, marked as cut"),
         Binding("ctrl+r", "regenerate", "Regenerate", tooltip="ask the last prompt again"),
         Binding("ctrl+g", "copy_code", "Copy code", tooltip="copy the last code block to the clipboard"),
         Binding("f4", "toggle_auto_temperature", "Auto temp", tooltip="automatic code temperature on/off for this session"),
