@@ -41,7 +41,7 @@ class Conversation:
 
     def with_attachments(self, prompt: str) -> str:
         """`prompt` followed by the files attached since the last message (then forgotten)."""
-        text = "\n\n".join([prompt, *self.attachments]) if self.attachments else prompt
+        text = "\n\n".join([prompt, *self.attachments])
         self.attachments = []
         return text
 

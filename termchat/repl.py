@@ -123,17 +123,12 @@ class Repl:
 
     async def start_engine(self) -> bool:
         profile = self.profile
+        def launched(engine: server.ManagedEngine) -> None:
+            self.engine = engine  # so that Ctrl+C stops it while it warms up
+            self.say(f"starting the engine for '{profile.name}' (about 30-45 s on a CPU)…")
+
         try:
-            if profile.is_remote:
-                self.engine = server.remote_engine(profile)
-            else:
-                engine = await asyncio.to_thread(server.find_served, profile)
-                if engine is None:
-                    self.say(f"starting the engine for '{profile.name}' (about 30-45 s on a CPU)…")
-                    engine = server.ManagedEngine.launch(profile)  # main thread: dies with us
-                    self.engine = engine
-                    await engine.wait_ready_async()
-                self.engine = engine
+            self.engine = await server.open_engine_async(profile, launched=launched)
         except UserError as exc:
             self.say(f"the engine did not start: {exc}\n/restart tries again, /profile NAME picks another profile.")
             self.engine = None

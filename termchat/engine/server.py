@@ -332,18 +332,39 @@ def remote_engine(profile: Profile) -> Engine:
     return Engine(profile=profile, base_url=base, api_key=key, model_name=profile.model)
 
 
-def open_engine(profile: Profile, progress: Progress | None = None, attach: bool = True, timeout: float = 600.0) -> Engine:
-    """The engine for a profile, ready to answer: remote, attached, or started here."""
+async def open_engine_async(
+    profile: Profile,
+    progress: Progress | None = None,
+    launched: Callable[[ManagedEngine], None] | None = None,
+    attach: bool = True,
+    timeout: float = 600.0,
+) -> Engine:
+    """The engine for a profile, ready to answer: remote, attached to a running
+    `termchat serve`, or started here.
+
+    Run it on the main thread's event loop: the engine is launched from that
+    thread so that it dies with termchat (PDEATHSIG). `launched` hears of a
+    started engine at once, so the caller can stop it while it warms up."""
     if profile.is_remote:
         return remote_engine(profile)
     if attach:
-        served = find_served(profile)
+        served = await asyncio.to_thread(find_served, profile)
         if served is not None:
             return served
     engine = ManagedEngine.launch(profile)
-    try:
-        engine.wait_ready(timeout=timeout, progress=progress)
-    except BaseException:
-        engine.stop()
-        raise
+    if launched is not None:
+        launched(engine)
+    await engine.wait_ready_async(timeout=timeout, progress=progress)
     return engine
+
+
+def open_engine(profile: Profile, progress: Progress | None = None, attach: bool = True, timeout: float = 600.0) -> Engine:
+    """open_engine_async for callers without an event loop; an engine that
+    does not get ready is stopped."""
+    started: list[ManagedEngine] = []
+    try:
+        return asyncio.run(open_engine_async(profile, progress, started.append, attach, timeout))
+    except BaseException:
+        for engine in started:
+            engine.stop()
+        raise

@@ -51,6 +51,11 @@ class ReplyStats:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def context_tokens(self) -> int:
+        """What the conversation now fills of the model's context."""
+        return (self.prompt_tokens or 0) + self.output_tokens
+
     def short(self) -> str:
         """One line under a reply in the TUI."""
         parts = [f"{self.output_tokens} tokens"]

@@ -167,13 +167,14 @@ class TermchatApp(App):
             views.append((view, m))
             self.conversation.messages.append({"role": m.role, "content": m.content})
         await chat.mount_all([v for v, _ in views])
+        last: ReplyStats | None = None
         for view, m in views:
             if m.role == "assistant":
                 stats = ReplyStats(**{k: v for k, v in (m.stats or {}).items() if k in ReplyStats.__dataclass_fields__}) if m.stats else None
+                last = stats or last
                 note = f"⚑ {m.flagged}" if m.flagged else ""
                 await view.finish(stats, note, "cut" if m.flagged else "")
-        last = next((m.stats for m in reversed(messages) if m.role == "assistant" and m.stats), None)
-        self.status(context_used=(last.get("prompt_tokens") or 0) + last.get("output_tokens", 0) if last else None)
+        self.status(context_used=last.context_tokens if last else None)
         await self._note(f"conversation {conversation_id}: {conv.title}")
         chat.anchor()
 
@@ -283,16 +284,12 @@ class TermchatApp(App):
         self._advise(profile)
         self.status(engine="starting")
         self._panel(f"Starting the engine for '{profile.name}'…")
+
+        def launched(engine: server.ManagedEngine) -> None:
+            self.engine = engine  # so that a switch or quit stops it while it warms up
+
         try:
-            if profile.is_remote:
-                engine = server.remote_engine(profile)
-            else:
-                engine = await asyncio.to_thread(server.find_served, profile)
-                if engine is None:
-                    # launched from the main thread: the child dies with us (PDEATHSIG)
-                    engine = server.ManagedEngine.launch(profile)
-                    self.engine = engine
-                    await engine.wait_ready_async(progress=lambda line: self._engine_progress(engine, line))
+            engine = await server.open_engine_async(profile, progress=lambda line: self._engine_progress(), launched=launched)
         except UserError as exc:
             self.status(engine="failed")
             self._panel(f"The engine for '{profile.name}' did not start", f"{exc}\n\nF5 retries, F2 picks another profile.", failed=True)
@@ -305,7 +302,8 @@ class TermchatApp(App):
             self.pending = None
             self._reply(view, prompt, choice)
 
-    def _engine_progress(self, engine: server.ManagedEngine, line: str) -> None:
+    def _engine_progress(self) -> None:
+        engine = self.engine
         elapsed = time.monotonic() - engine.started_at
         self.status(engine=f"starting {elapsed:.0f}s")
         self._panel(f"Starting the engine for '{engine.profile.name}' ({elapsed:.0f} s; about 30-45 s on a CPU)", engine.log_tail(8))
@@ -430,7 +428,7 @@ class TermchatApp(App):
                 tokens_per_s=stats.decode_tokens_per_s,
                 acceptance=stats.acceptance_rate,
                 mean_length=stats.mean_acceptance_length,
-                context_used=(stats.prompt_tokens or 0) + stats.output_tokens,
+                context_used=stats.context_tokens,
                 history=history,
             )
         self.status(**changes)
