@@ -61,6 +61,11 @@ def resolve(model: str) -> str:
         return str(folder(model))
     if model.startswith("termchat:"):
         raise UserError(f"unknown built-in model '{model}'; known: {', '.join(BUILTIN)}")
+    if model.startswith(("/", "./", "../", "~")):  # a local folder (or file), not a hub id
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise UserError(f"the model '{model}' does not exist on this machine. Fix `model` in the profile: a local folder, a hub id, or {next(iter(BUILTIN))}.")
+        return str(path)
     return model
 
 

@@ -123,3 +123,11 @@ def test_lookup_order(tmp_path, monkeypatch):
 def test_unknown_profile_is_a_clear_error(capsys):
     code, _, err = run(capsys, "ask", "--profile", "locl", "hi")
     assert code == 2 and "unknown profile 'locl'" in err and "did you mean 'local'?" in err
+
+
+def test_a_missing_local_model_folder_is_a_clear_error_before_any_engine_starts(tmp_path, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text(f'[profiles.gone]\nmodel = "{tmp_path / "no-such-model"}"\n')
+    code, _, err = run(capsys, "ask", "--config", str(config), "--profile", "gone", "--no-save", "hi")
+    assert code == 2 and "no-such-model' does not exist on this machine" in err and "Fix `model` in the profile" in err
+    assert "Traceback" not in err and "starting gone" not in err  # refused before launching vLLM
