@@ -169,11 +169,11 @@ def cmd_ask(args) -> int:
     except StoreError as exc:  # the answer matters more than its record
         print(f"termchat: {exc} This exchange will not be saved.", file=sys.stderr)
         store = None
-    recorder = Recorder.start(store, profile)
 
     show, done = _progress_printer()
     engine = server.open_engine(profile, progress=show)
     done()
+    recorder = Recorder.start(store, profile)  # after the engine: a failed start leaves no empty conversation
     tty = sys.stdout.isatty()
 
     def print_step(step) -> None:

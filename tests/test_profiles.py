@@ -6,6 +6,7 @@ import pytest
 
 from termchat import cli
 from termchat.profiles import DEFAULT_MODEL, load_config, parse_config
+from termchat.store import Store
 
 from .conftest import ROOT
 
@@ -128,6 +129,8 @@ def test_unknown_profile_is_a_clear_error(capsys):
 def test_a_missing_local_model_folder_is_a_clear_error_before_any_engine_starts(tmp_path, capsys):
     config = tmp_path / "c.toml"
     config.write_text(f'[profiles.gone]\nmodel = "{tmp_path / "no-such-model"}"\n')
-    code, _, err = run(capsys, "ask", "--config", str(config), "--profile", "gone", "--no-save", "hi")
+    before = [c.id for c in Store().conversations()]
+    code, _, err = run(capsys, "ask", "--config", str(config), "--profile", "gone", "hi")
     assert code == 2 and "no-such-model' does not exist on this machine" in err and "Fix `model` in the profile" in err
     assert "Traceback" not in err and "starting gone" not in err  # refused before launching vLLM
+    assert [c.id for c in Store().conversations()] == before  # and no empty conversation left in the history
