@@ -6,6 +6,8 @@ why and what to do; the prompt being written is kept by the callers.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from pygments.lexers import get_lexer_for_filename
@@ -18,14 +20,7 @@ MAX_BYTES = 256 * 1024
 
 def fenced_file(path_text: str, max_bytes: int = MAX_BYTES) -> str:
     path = Path(path_text).expanduser()
-    if not path.exists():
-        raise UserError(f"/file: {path} does not exist")
-    if path.is_dir():
-        raise UserError(f"/file: {path} is a folder; give a file")
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise UserError(f"/file: {path} is {size / 1024:.0f} KiB, over the {max_bytes // 1024} KiB limit; attach a smaller file or the part you need")
-    data = path.read_bytes()
+    data = read_regular_file(path, max_bytes)
     if b"\x00" in data:
         raise UserError(f"/file: {path} is a binary file; only text files can be attached")
     try:
@@ -38,3 +33,34 @@ def fenced_file(path_text: str, max_bytes: int = MAX_BYTES) -> str:
         language = ""
     fence = "````" if "```" in text else "```"
     return f"{path.name}:\n{fence}{language}\n{text.rstrip()}\n{fence}\n"
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """At most max_bytes of a regular file. Devices (/dev/zero), FIFOs and
+    sockets are refused: opened without blocking, checked with fstat on the
+    open descriptor (no race with a swapped path), read no further than the
+    limit plus one byte, so nothing can freeze the UI or fill the memory."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise UserError(f"/file: {path} does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"/file: {path} is a folder; give a file") from None
+    except OSError as exc:
+        raise UserError(f"/file: cannot open {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise UserError(f"/file: {path} is a folder; give a file")
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"/file: {path} is not a regular file (a device, a pipe or a socket); only text files can be attached")
+        if info.st_size > max_bytes:
+            raise UserError(_too_big(path, info.st_size, max_bytes))
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:  # it grew since fstat
+        raise UserError(_too_big(path, len(data), max_bytes))
+    return data
+
+
+def _too_big(path: Path, size: int, max_bytes: int) -> str:
+    return f"/file: {path} is {size / 1024:.0f} KiB, over the {max_bytes // 1024} KiB limit; attach a smaller file or the part you need"

@@ -175,10 +175,13 @@ def cmd_ask(args) -> int:
     done()
     recorder = Recorder.start(store, profile)  # after the engine: a failed start leaves no empty conversation
     tty = sys.stdout.isatty()
+    from termchat.sanitize import Sanitizer, inert
+
+    clean = Sanitizer()
 
     def print_step(step) -> None:
         if not args.json:
-            sys.stdout.write(terminal_text(step.text, tty))
+            sys.stdout.write(clean.feed(step.text) if tty else step.text)
             sys.stdout.flush()
 
     try:
@@ -186,7 +189,7 @@ def cmd_ask(args) -> int:
     finally:
         engine.stop()
     if recorder.error:
-        print(f"termchat: {recorder.error}", file=sys.stderr)
+        print(f"termchat: {inert(str(recorder.error))}", file=sys.stderr)
     stats = outcome.stats
     if args.json:
         result = {"text": outcome.text, "profile": profile.name, "temperature_reason": choice.reason, "conversation_id": recorder.conversation_id, **stats.to_dict()}
@@ -194,7 +197,7 @@ def cmd_ask(args) -> int:
     else:
         if not outcome.text.endswith("\n"):
             print()
-        print(f"[{profile.name}] {stats.summary()} ({choice.reason})", file=sys.stderr)
+        print(inert(f"[{profile.name}] {stats.summary()} ({choice.reason})"), file=sys.stderr)
     return 0
 
 
@@ -225,12 +228,15 @@ def cmd_history_list(args) -> int:
 
     from termchat.store import Store
 
+    from termchat.sanitize import inert
+
+    clean = inert if sys.stdout.isatty() else (lambda text: text)
     store = Store()
     rows = store.conversations(search=args.search or "")
     if not rows:
         print("no conversations" + (f" matching '{args.search}'" if args.search else ""))
     for c in rows:
-        print(f"{c.id:>5}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(c.updated))}  {c.profile:<14}  {c.title}")
+        print(f"{c.id:>5}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(c.updated))}  {c.profile:<14}  {clean(c.title)}")
     return 0
 
 
@@ -241,7 +247,7 @@ def cmd_history_show(args) -> int:
     store = Store()
     conv = store.conversation(args.id)
     clean = inert if sys.stdout.isatty() else (lambda text: text)
-    print(f"# {conv.title}  (conversation {conv.id}, profile {conv.profile})\n")
+    print(f"# {clean(conv.title)}  (conversation {conv.id}, profile {clean(conv.profile)})\n")
     for m in store.messages(conv.id):
         flag = f" [{m.flagged}]" if m.flagged else ""
         print(f"--- {'you' if m.role == 'user' else m.profile or m.role}{flag}")
@@ -255,25 +261,27 @@ def cmd_history_show(args) -> int:
 def cmd_history_export(args) -> int:
     from termchat.store import Store
 
+    from termchat.sanitize import inert
+    from termchat.store import write_export
+
     store = Store()
     text = store.export_markdown(args.id) if args.format == "md" else store.export_json(args.id)
     if args.output:
-        from pathlib import Path
-
-        Path(args.output).write_text(text + "\n")
-        print(f"wrote {args.output}", file=sys.stderr)
+        print(f"wrote {write_export(args.output, text, force=args.force)}", file=sys.stderr)
     else:
-        print(text)
+        print(inert(text) if sys.stdout.isatty() else text)  # a terminal shows it; a pipe gets it exactly
     return 0
 
 
 def cmd_history_delete(args) -> int:
     from termchat.store import Store
 
+    from termchat.sanitize import inert
+
     store = Store()
     title = store.conversation(args.id).title
     store.delete(args.id)
-    print(f"deleted conversation {args.id} ({title})")
+    print(f"deleted conversation {args.id} ({inert(title) if sys.stdout.isatty() else title})")
     return 0
 
 
@@ -392,7 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = hsub.add_parser("export", help="as Markdown or JSON")
     p.add_argument("id", type=int)
     p.add_argument("--format", choices=["md", "json"], default="md")
-    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.add_argument("-o", "--output", help="file to write (default: stdout); an existing file needs --force")
+    p.add_argument("--force", action="store_true", help="overwrite the --output file if it exists")
     p.set_defaults(func=cmd_history_export)
     p = hsub.add_parser("delete", help="delete a conversation")
     p.add_argument("id", type=int)
@@ -421,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except UserError as exc:
-        print(f"termchat: {exc}", file=sys.stderr)
+        from termchat.sanitize import inert
+
+        print(f"termchat: {inert(str(exc))}", file=sys.stderr)  # often quotes a server, a file or a title
         return exc.exit_code
     except KeyboardInterrupt:
         print("termchat: interrupted", file=sys.stderr)

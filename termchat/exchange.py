@@ -89,10 +89,10 @@ async def exchange(
             if asyncio.iscoroutine(result):
                 await result
     except (asyncio.CancelledError, KeyboardInterrupt):
-        _end(conversation, recorder, writer, CUT, None)
+        _end(conversation, recorder, writer, CUT, stream.partial_stats() if stream.steps else None)
         raise
     except BaseException:  # ReplyInterrupted (engine gone) and anything else
-        _end(conversation, recorder, writer, INTERRUPTED, None)
+        _end(conversation, recorder, writer, INTERRUPTED, stream.partial_stats() if stream.steps else None)
         raise
     _end(conversation, recorder, writer, COMPLETE, stream.stats)
     return Outcome(stream.text, stream.stats, COMPLETE)

@@ -48,3 +48,25 @@ def models_dir() -> Path:
 
 def logs_dir() -> Path:
     return state_dir() / "logs"
+
+
+def private_dir(path: Path) -> Path:
+    """A folder only the user can enter (0700), created if needed; tightened if it exists.
+
+    Conversations, logs and state are private: other local users must not
+    read them."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create `path` empty with mode 0600 if it does not exist (tighten it if it does),
+    so that whatever writes it next (SQLite, a log, a history file) starts private."""
+    private_dir(path.parent)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+    os.close(fd)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+    return path

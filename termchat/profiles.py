@@ -50,6 +50,7 @@ PROFILE_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "system_prompt": ((str,), "a string"),
     "endpoint": ((str,), "a URL such as 'http://gpu-box:8000/v1'"),
     "api_key_env": ((str,), "the name of an environment variable"),
+    "first_token_timeout": ((int, float), "a number of seconds"),
     "trust_remote_code": ((bool,), "true or false"),
     "theme": ((str,), "a theme name"),
     "engine_args": ((dict,), "a table"),
@@ -86,7 +87,13 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "max_tokens": (1, 1 << 30, True),
     "max_model_len": (1, 1 << 30, True),
     "tensor_parallel_size": (1, 1024, True),
+    "first_token_timeout": (0.0, 86400.0, False),
 }
+MAX_SPECULATIVE_TOKENS = 64  # vLLM's rejection sampler takes up to 128; past ~7 (32 for suffix) nothing is gained
+# vLLM server flags that termchat sets itself: from a profile they could make the
+# managed engine listen beyond this machine, or without its key
+OWNED_FLAGS = ("host", "port", "api_key", "uds", "model", "served_model_name")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ class Profile:
     system_prompt: str = ""
     endpoint: str | None = None
     api_key_env: str | None = None
+    first_token_timeout: float = 300.0  # seconds; a cold large engine can take minutes
     trust_remote_code: bool = False
     theme: str | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -265,6 +273,7 @@ def read_config_text(path: Path) -> str:
         raise ConfigError([Problem(str(path), None, "", "is a folder, not a TOML file")]) from None
     except OSError as exc:
         raise ConfigError([Problem(str(path), None, "", f"cannot be read: {exc.strerror}")]) from None
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, as some editors write
     if b"\x00" in data:
         raise ConfigError([Problem(str(path), 1, "", "not a text file (it contains NUL bytes); point --config at a TOML file")])
     try:
@@ -278,6 +287,8 @@ def parse_config(text: str, file: str) -> tuple[Config, list[Problem]]:
     """Parse and validate a config text. Returns the usable profiles and every problem."""
     try:
         raw = tomllib.loads(text)
+    except RecursionError:
+        return Config(builtin_profiles()), [Problem(file, None, "", "tables or arrays are nested too deeply to be a termchat config")]
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         match = re.search(r"\(at line (\d+), column (\d+)\)", msg)
@@ -307,6 +318,9 @@ def parse_config(text: str, file: str) -> tuple[Config, list[Problem]]:
         for name, table in tables.items():
             if not isinstance(table, dict):
                 problem("profiles", name, "must be a table: write [profiles." + name + "]")
+                continue
+            if not NAME.fullmatch(name):
+                problem("profiles", name, "a profile name may hold letters, digits, '-', '_' and '.' only (it names log and state files)")
                 continue
             profile = _parse_profile(name, table, file, problem)
             if profile is not None:
@@ -360,6 +374,9 @@ def _parse_profile(name: str, table: dict, file: str, problem) -> Profile | None
         bad("endpoint", "must start with http:// or https://")
     if "api_key_env" in values and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", values["api_key_env"]):
         bad("api_key_env", "must be the name of an environment variable, not the key itself")
+    for flag in values.get("engine_args", {}):
+        if flag.lstrip("-").replace("-", "_") in OWNED_FLAGS:
+            bad(flag, "termchat sets this flag itself (the engine listens on 127.0.0.1, a free port, with a random API key); remove it. For an engine elsewhere, use `endpoint`.", f"{where}.engine_args")
     if "env" in values:
         for env_key, env_value in values["env"].items():
             if not isinstance(env_value, (str, int, float, bool)):
@@ -370,6 +387,8 @@ def _parse_profile(name: str, table: dict, file: str, problem) -> Profile | None
 
     if errors:
         return None
+    if "endpoint" in values and "model" not in values:
+        values["model"] = ""  # asked of the server at the first request
     for key in LEGACY_KEYS:
         values.pop(key, None)
     values["speculative"] = spec
@@ -423,8 +442,8 @@ def _speculative(values: dict, where: str, bad) -> dict | None:
     k = spec.get("num_speculative_tokens")
     if k is None:
         fail("num_speculative_tokens", "is missing; 3 to 7 is usual")
-    elif k < 1:
-        fail("num_speculative_tokens", f"{k} is out of range: at least 1 (3 to 7 is usual)")
+    elif k < 1 or k > MAX_SPECULATIVE_TOKENS:
+        fail("num_speculative_tokens", f"{k} is out of range: 1 to {MAX_SPECULATIVE_TOKENS} (3 to 7 is usual for a draft model, up to 32 for suffix)")
     lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
     if lo is not None and lo < 1:
         fail("prompt_lookup_min", "must be at least 1")

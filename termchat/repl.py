@@ -32,7 +32,7 @@ from termchat.engine.client import ReplyInterrupted
 from termchat.errors import UserError
 from termchat.exchange import Recorder, exchange
 from termchat.profiles import Config
-from termchat.sanitize import inert
+from termchat.sanitize import Sanitizer, inert
 from termchat.store import Store, StoreError
 
 HELP = """Enter sends; Alt+Enter or Ctrl+J inserts a newline. Ctrl+C cuts a reply; Ctrl+C twice or Ctrl+D exits.
@@ -53,11 +53,12 @@ class ReplyPrinter:
         self.write, self.color = write, color
         self.formatter = Terminal256Formatter(style=style)
         self.pending = ""  # the current line's text not yet written
+        self.clean = Sanitizer()
         self.in_fence = False
         self.lexer = TextLexer()
 
     def feed(self, text: str) -> None:
-        self.pending += inert(text)
+        self.pending += self.clean.feed(text)
         while "\n" in self.pending:
             line, self.pending = self.pending.split("\n", 1)
             self._line(line)
@@ -98,7 +99,7 @@ class Repl:
         self.write = write or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
         self.color = sys.stdout.isatty() if color is None else color
         history_file = history_file or paths.data_dir() / "repl-history"
-        history_file.parent.mkdir(parents=True, exist_ok=True)
+        paths.private_file(history_file)  # the prompts typed: 0600 in a 0700 folder
         keys = KeyBindings()
 
         @keys.add("enter")
@@ -117,6 +118,8 @@ class Repl:
         self.engine: server.Engine | None = None
 
     def say(self, text: str) -> None:
+        """termchat's own lines; they often quote a server error or a file name, so inert too."""
+        text = inert(text)
         self.write((DIM + text + RESET if self.color else text) + "\n")
 
     # ---- engine ------------------------------------------------------------------------

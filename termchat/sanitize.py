@@ -1,27 +1,146 @@
-"""Make model output inert on a terminal.
+"""Untrusted text made inert and visible for a terminal: one path for all of it.
 
-A model can emit ANSI escapes, OSC 52 clipboard writes, cursor movement or
-bells. Printed raw to a terminal they would act; this removes every escape
-sequence and control character except newline and tab. Text going into a
-pipe is left unchanged by the callers.
+Model output, server errors, file contents, stored titles: printed raw, an
+escape sequence would act (colours, cursor moves, an OSC 52 clipboard write),
+and bidi overrides or zero-width characters would hide what code does. Every
+display path goes through `Sanitizer` (streamed) or `inert()` (whole text):
+
+- escape sequences (CSI, OSC, DCS/SOS/PM/APC strings, two-byte ESC x) and
+  every C0/C1 control except newline and tab are removed;
+- bidi controls (U+202A-202E, U+2066-2069, U+200E/F, U+061C) and zero-width
+  characters are shown as visible marks such as <U+202E>.
+
+It is one state machine fed character by character, so a reply sanitized in
+chunks as it streams equals the same text sanitized whole on replay, whatever
+the chunk boundaries. A string sequence (OSC...) that is never terminated
+ends at the next newline: it can hide the rest of its line, never the rest of
+a message. Text going into a pipe is left unchanged by the callers.
 """
 
 from __future__ import annotations
 
-import re
+BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
+ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff\u180e")
+HIDDEN = BIDI | ZERO_WIDTH
 
-# CSI ... final, OSC ... (BEL | ST), DCS/SOS/PM/APC ... ST, two-byte ESC x, C1 controls
-_ESCAPES = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
-    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"
-    r"|\x1b[@-Z\\-_]?"
-    r"|\x9b[0-?]*[ -/]*[@-~]"
-    r"|\x9d[^\x07\x9c]*(?:\x07|\x9c)?"
-)
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_GROUND, _ESC, _ESC_INTER, _CSI, _STRING, _STRING_ESC = range(6)
+_STRING_INTRODUCERS = "]PX^_"  # OSC, DCS, SOS, PM, APC
+_C1_STRINGS = "\x90\x98\x9d\x9e\x9f"
+
+
+def mark(ch: str) -> str:
+    return f"<U+{ord(ch):04X}>"
+
+
+class Sanitizer:
+    """Feed text in any chunks; what comes out is safe to show on a terminal."""
+
+    def __init__(self, show_hidden: bool = True) -> None:
+        self.state = _GROUND
+        self.show_hidden = show_hidden  # False: keep bidi and zero-width characters as they are
+
+    def feed(self, text: str) -> str:
+        out: list[str] = []
+        for ch in text:
+            self._char(ch, out)
+        return "".join(out)
+
+    def _char(self, ch: str, out: list[str]) -> None:
+        state, code = self.state, ord(ch)
+        if state == _ESC:
+            if ch == "[":
+                self.state = _CSI
+            elif ch in _STRING_INTRODUCERS:
+                self.state = _STRING
+            elif 0x20 <= code <= 0x2F:
+                self.state = _ESC_INTER
+            elif 0x30 <= code <= 0x7E:
+                self.state = _GROUND  # a two-byte sequence, dropped
+            else:
+                self.state = _GROUND
+                self._char(ch, out)
+            return
+        if state == _ESC_INTER:
+            if 0x20 <= code <= 0x2F:
+                return
+            self.state = _GROUND
+            if not 0x30 <= code <= 0x7E:
+                self._char(ch, out)
+            return
+        if state == _CSI:
+            if 0x20 <= code <= 0x3F:
+                return  # parameters and intermediates
+            self.state = _GROUND
+            if not 0x40 <= code <= 0x7E:  # not a final byte: the sequence was broken off
+                self._char(ch, out)
+            return
+        if state in (_STRING, _STRING_ESC):
+            if ch == "\n":  # unterminated: the sequence ends with its line
+                self.state = _GROUND
+                out.append(ch)
+            elif ch in "\x07\x9c" or (state == _STRING_ESC and ch == "\\"):
+                self.state = _GROUND
+            else:
+                self.state = _STRING_ESC if ch == "\x1b" else _STRING
+            return
+        # ground
+        if ch == "\x1b":
+            self.state = _ESC
+        elif ch == "\x9b":
+            self.state = _CSI
+        elif ch in _C1_STRINGS:
+            self.state = _STRING
+        elif ch in "\n\t":
+            out.append(ch)
+        elif code < 0x20 or 0x7F <= code <= 0x9F:
+            pass  # other C0 and C1 controls, DEL
+        elif ch in HIDDEN and self.show_hidden:
+            out.append(mark(ch))
+        else:
+            out.append(ch)
 
 
 def inert(text: str) -> str:
-    """text without escape sequences or control characters (keeps \\n and \\t)."""
-    return _CONTROLS.sub("", _ESCAPES.sub("", text.replace("\r\n", "\n")))
+    """The whole text sanitized (what a streamed Sanitizer gives, in one go)."""
+    return Sanitizer().feed(text)
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """Untrusted text for a one-line message (server errors, titles): inert,
+    newlines folded, cut at `limit` characters."""
+    flat = " ".join(inert(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def hidden_characters(text: str) -> list[str]:
+    """Escape sequences, controls and invisible characters in `text` that a
+    terminal would not show as such (for warnings on copied or saved code)."""
+    found = []
+    if "\x1b" in text or any(0x80 <= ord(c) <= 0x9F for c in text):
+        found.append("escape sequences")
+    if any((ord(c) < 0x20 and c not in "\n\t\r") or ord(c) == 0x7F for c in text):
+        found.append("control characters")
+    if any(c in BIDI for c in text):
+        found.append("bidi controls")
+    if any(c in ZERO_WIDTH for c in text):
+        found.append("zero-width characters")
+    return found
+
+
+def clean_code(code: str) -> tuple[str, str]:
+    """A code block for the clipboard or a file: escape sequences and controls
+    removed (the screen never showed them), plus a warning naming what was
+    hidden in it ("" when nothing). Bidi and zero-width characters are kept
+    (they may be meant) but named, since they can hide what the code does."""
+    found = hidden_characters(code)
+    cleaned = Sanitizer(show_hidden=False).feed(code)
+    if not found:
+        return cleaned, ""
+    removed = [f for f in found if f in ("escape sequences", "control characters")]
+    kept = [f for f in found if f not in removed]
+    parts = []
+    if removed:
+        parts.append(f"{' and '.join(removed)} removed")
+    if kept:
+        parts.append(f"it contains {' and '.join(kept)}, which can hide what the code does: read it before running it")
+    return cleaned, "this code block had hidden content: " + "; ".join(parts)

@@ -10,13 +10,16 @@ Nothing here ever sees an API key.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from termchat import paths
 from termchat.errors import UserError
+from termchat.sanitize import one_line
 
 MIGRATIONS = [
     # 1: conversations and messages
@@ -114,9 +117,15 @@ def default_path() -> Path:
 
 class Store:
     def __init__(self, path: Path | None = None, timeout: float = 2.0):
+        self.timeout = timeout
         self.path = Path(path) if path else default_path()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # 0600 before SQLite opens it: its -wal and -shm files take the database's mode
+            paths.private_file(self.path)
+            for extra in ("-wal", "-shm"):
+                sidecar = Path(f"{self.path}{extra}")
+                if sidecar.exists() and sidecar.stat().st_mode & 0o077:
+                    sidecar.chmod(0o600)
             self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA foreign_keys = ON")
@@ -135,9 +144,33 @@ class Store:
                 raise
 
     def _migrate(self) -> None:
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            self.db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
+        """Numbered migrations, all in one write transaction. Two termchats opening
+        a fresh database at once: the second waits for the lock, then re-reads
+        the version inside its transaction and finds nothing left to do."""
+        if self.db.execute("PRAGMA user_version").fetchone()[0] >= len(MIGRATIONS):
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                for statement in script.split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version = {number}")
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def waiting_at_most(self, seconds: float):
+        """Writes inside wait at most `seconds` for another writer's lock (a
+        streaming reply must not freeze the screen while someone holds it)."""
+        self.db.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+        try:
+            yield
+        finally:
+            self.db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
 
     def close(self) -> None:
         self.db.close()
@@ -164,10 +197,11 @@ class Store:
     def conversations(self, search: str = "", limit: int = 200) -> list[Conversation]:
         """Newest first; `search` matches titles and message text."""
         if search:
-            like = f"%{search}%"
+            # the user's text literally: % and _ are not wildcards
+            like = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             rows = self.db.execute(
                 "SELECT DISTINCT c.* FROM conversations c LEFT JOIN messages m ON m.conversation_id = c.id "
-                "WHERE c.title LIKE ? OR m.content LIKE ? ORDER BY c.updated DESC LIMIT ?",
+                "WHERE c.title LIKE ? ESCAPE '\\' OR m.content LIKE ? ESCAPE '\\' ORDER BY c.updated DESC LIMIT ?",
                 (like, like, limit),
             ).fetchall()
         else:
@@ -180,7 +214,7 @@ class Store:
 
     def rename(self, conversation_id: int, title: str) -> None:
         self.conversation(conversation_id)
-        self._write("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+        self._write("UPDATE conversations SET title = ? WHERE id = ?", (one_line(title, 200), conversation_id))
 
     def delete(self, conversation_id: int) -> None:
         self.conversation(conversation_id)
@@ -248,6 +282,27 @@ class Store:
         return "\n".join(lines)
 
 
+def write_export(path: str | Path, text: str, force: bool = False) -> Path:
+    """Write an export (0600: it is a private conversation); one clear error otherwise."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UserError(f"{path} is a folder; give a file name")
+    if path.exists() and not force:
+        raise UserError(f"{path} exists; choose another name, or overwrite it with --force")
+    if not path.parent.is_dir():
+        raise UserError(f"the folder {path.parent} does not exist; create it or choose another place")
+    temporary = path.with_name(f".{path.name}.termchat-{os.getpid()}")
+    try:
+        fd = os.open(temporary, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text if text.endswith("\n") else text + "\n")
+        os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise UserError(f"could not write {path}: {exc.strerror or exc}") from None
+    return path
+
+
 def stats_line(m: Message) -> str:
     parts = [p for p in (m.model and m.model.removeprefix("termchat:"), m.method and f"{m.method}") if p]
     if m.temperature is not None:
@@ -269,15 +324,29 @@ def stats_line(m: Message) -> str:
 
 
 def _title(text: str) -> str:
-    first = " ".join(text.strip().split())
-    return first[:60] + ("…" if len(first) > 60 else "")
+    """The first words of a prompt, without controls or escape sequences
+    (a prompt can hold an attached file's colour codes)."""
+    return one_line(text, 61)
+
+
+def transient(exc: StoreError) -> bool:
+    """A lock held by another writer passes; a full disk or a read-only file does not."""
+    return "locked" in str(exc)
 
 
 class ReplyWriter:
     """Writes a streaming reply: at once (empty), then at least once a second.
 
-    Store errors do not stop the reply: the first one is kept in `error` for
-    the caller to show, and writing is given up for this reply."""
+    The whole text stays in memory, so a write that fails loses nothing: while
+    another process holds the database's lock, streaming writes wait at most
+    STREAM_WAIT (the screen must not freeze) and are retried at the next one;
+    the final write keeps trying for up to FINAL_WAIT, so the end of a reply
+    is never lost to a passing lock. Other errors (disk full, read-only) stop
+    the writing for this reply; the first one is kept in `error` for the
+    caller to show."""
+
+    STREAM_WAIT = 0.05
+    FINAL_WAIT = 15.0
 
     def __init__(self, store: Store | None, conversation_id: int | None, interval: float = 1.0, **meta):
         self.store, self.interval = store, interval
@@ -287,28 +356,38 @@ class ReplyWriter:
         self._flushed = time.monotonic()
         self._flushed_len = 0
         if store is not None and conversation_id is not None:
-            self._guard(lambda: setattr(self, "message_id", store.add_message(conversation_id, "assistant", "", status=STREAMING, **meta)))
-
-    def _guard(self, action) -> None:
-        if self.error is not None:
-            return
-        try:
-            action()
-        except StoreError as exc:
-            self.error = exc
+            try:
+                self.message_id = store.add_message(conversation_id, "assistant", "", status=STREAMING, **meta)
+            except StoreError as exc:
+                self.error = exc
 
     def append(self, text: str) -> None:
         self.text += text
         if time.monotonic() - self._flushed >= self.interval:
             self.flush()
 
-    def flush(self, status: str | None = None, stats: dict | None = None) -> None:
-        if self.message_id is None:
-            return
+    def flush(self, status: str | None = None, stats: dict | None = None, wait: float | None = None) -> bool:
+        """Write what is new; False if a lock kept it from the database this time."""
+        if self.message_id is None or self.error is not None:
+            return True
         if status is None and len(self.text) == self._flushed_len:
-            return
-        self._guard(lambda: self.store.update_message(self.message_id, self.text, status, stats))
-        self._flushed, self._flushed_len = time.monotonic(), len(self.text)
+            return True
+        text = self.text
+        try:
+            with self.store.waiting_at_most(self.STREAM_WAIT if wait is None else wait):
+                self.store.update_message(self.message_id, text, status, stats)
+        except StoreError as exc:
+            self._flushed = time.monotonic()  # try again after the interval, not at every step
+            if not transient(exc):
+                self.error = exc
+            return False
+        self._flushed, self._flushed_len = time.monotonic(), len(text)
+        return True
 
     def finish(self, status: str = COMPLETE, stats: dict | None = None) -> None:
-        self.flush(status=status, stats=stats)
+        deadline = time.monotonic() + self.FINAL_WAIT
+        while not self.flush(status=status, stats=stats, wait=1.0) and self.error is None:
+            if time.monotonic() > deadline:
+                self.error = StoreError(f"the history database {self.store.path} stayed locked for {self.FINAL_WAIT:.0f} s; the end of this reply was not saved (it is still on screen)")
+                return
+            time.sleep(0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from termchat.bench import prompts as prompt_sets
-from termchat.bench.report import Sample, bar_chart, ideal_speedup, quantiles, summarize, verdict
+from termchat.bench.report import Sample, bar_chart, ideal_speedup, lossless_line, quantiles, summarize, table, verdict
 from termchat.errors import UserError
 
 
@@ -86,3 +86,29 @@ def test_builtin_sets_have_twelve_honest_prompts_per_category():
     assert sum("def " in p.text or "function " in p.text for p in prompts if p.category == "code") >= 8
     assert all(len(p.text) > 200 for p in prompts if p.category == "summarization")
     assert all(len(p.text) > 100 for p in prompts if p.category == "extraction")
+
+
+def _sampled(speculative: bool, logprobs: list[float], category: str = "chat") -> list[Sample]:
+    return [Sample(f"p{i}", category, speculative, 20.0 + i % 3, 64, accepted=5, drafted=50, spec_steps=10, histogram=[5, 5, 0, 0, 0, 0], temperature=0.7, mean_logprob=lp) for i, lp in enumerate(logprobs)]
+
+
+def test_a_category_where_speculation_changed_the_sampling_reports_no_speed_up():
+    base = [-0.9, -1.1, -0.8, -1.0, -0.95, -0.85]
+    broken = _sampled(True, [-2.9, -3.1, -2.7, -3.3, -2.8, -3.0]) + _sampled(False, base)
+    sound = _sampled(True, [-0.92, -1.05, -0.83, -0.97, -1.0, -0.88], "creative") + _sampled(False, base, "creative")
+    results = {r.category: r for r in summarize(broken + sound, 5, 0.0)}
+    assert not results["chat"].lossless and results["chat"].lossless_t < -4.5
+    assert results["chat"].verdict.startswith("NOT LOSSLESS")
+    assert results["creative"].lossless and "NOT" not in results["creative"].verdict
+    rows = [("", results["chat"]), ("", results["creative"])]
+    chat_row = next(line for line in table(rows).splitlines() if line.startswith("chat"))
+    assert "x " not in chat_row.split("NOT LOSSLESS")[0]  # no speed-up figure on the broken row
+    assert "NOT LOSSLESS" in bar_chart(rows).splitlines()[0]
+    assert "WARNING" in lossless_line(rows) and "chat" in lossless_line(rows).split("WARNING")[1]
+
+
+def test_greedy_replies_are_not_judged_by_log_probabilities():
+    samples = [Sample("a", "code", s, 20.0, 64, accepted=5, drafted=50, spec_steps=10, temperature=0.0) for s in (True, False) for _ in range(5)]
+    (result,) = summarize(samples, 5, 0.0)
+    assert result.lossless_t is None and result.lossless
+    assert lossless_line([("", result)]) == ""

@@ -122,6 +122,9 @@ def cmd_bench(args) -> int:
     print()
     print("speed-up (median speculative / median baseline decode tok/s)")
     print(chart)
+    lossless = report.lossless_line(rows)
+    if lossless:
+        print(lossless)
     data = {
         "profile": profile.name,
         "model": profile.model,
@@ -148,7 +151,7 @@ def cmd_bench(args) -> int:
             "```",
             chart,
             "```",
-        ]
+        ] + (["", lossless] if lossless else [])
         Path(args.markdown).write_text("\n".join(md) + "\n")
         print(f"Markdown report: {args.markdown}")
     return 0

@@ -8,7 +8,11 @@ Pure functions on recorded samples, so they are tested on fixed numbers.
   per-prompt ratios (each prompt's median over its runs);
 - acceptance: accepted / proposed drafts summed over all requests;
 - ideal speed-up: (1 - a^(k+1)) / ((1 - a)(k*c + 1)), a = acceptance,
-  k = speculative tokens, c = a draft step's cost relative to a target step.
+  k = speculative tokens, c = a draft step's cost relative to a target step;
+- lossless: at T > 0, the mean log-probability of the sampled tokens with and
+  without speculation (Welch's t, as in `termchat doctor --verify`). A
+  category where speculation changed what was sampled gets no speed-up: it
+  would measure a defect, not speculation.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+
+from termchat.verify import T_LIMIT, welch_t
 
 LOW, HIGH = 0.40, 0.60
 
@@ -33,6 +39,20 @@ class Sample:
     drafted: int | None = None
     spec_steps: int | None = None
     histogram: list[int] = field(default_factory=list)
+    temperature: float | None = None
+    mean_logprob: float | None = None  # of the sampled tokens, at T > 0
+
+
+MIN_REPLIES_FOR_LOSSLESS = 4
+
+
+def lossless_t(spec: list[Sample], base: list[Sample]) -> float | None:
+    """Welch's t of the sampled replies' mean log-probabilities (None: too few replies at T > 0)."""
+    a = [s.mean_logprob for s in spec if s.mean_logprob is not None and s.temperature]
+    b = [s.mean_logprob for s in base if s.mean_logprob is not None and s.temperature]
+    if min(len(a), len(b)) < MIN_REPLIES_FOR_LOSSLESS:
+        return None
+    return welch_t(a, b)
 
 
 def quantiles(values: list[float]) -> tuple[float, float, float]:
@@ -83,6 +103,11 @@ class CategoryResult:
     efficiency: float | None  # measured / ideal
     verdict: str
     samples: int
+    lossless_t: float | None = None  # None: no sampled (T > 0) replies to check
+
+    @property
+    def lossless(self) -> bool:
+        return self.lossless_t is None or abs(self.lossless_t) <= T_LIMIT
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -117,6 +142,10 @@ def summarize(samples: list[Sample], k: int | None, draft_cost: float) -> list[C
         total = sum(histogram)
         per_position = [sum(histogram[p:]) / total for p in range(1, width)] if total else []
         ideal = ideal_speedup(acceptance, k, draft_cost) if acceptance is not None and k else None
+        t = lossless_t(spec, base)
+        judged = verdict(acceptance, speedup)
+        if t is not None and abs(t) > T_LIMIT:
+            judged = f"NOT LOSSLESS: speculation changed what was sampled at T > 0 (t = {t:.1f}); no speed-up to report, run `termchat doctor --verify`"
         results.append(
             CategoryResult(
                 category=category,
@@ -129,8 +158,9 @@ def summarize(samples: list[Sample], k: int | None, draft_cost: float) -> list[C
                 per_position=per_position,
                 ideal=ideal,
                 efficiency=speedup / ideal if ideal else None,
-                verdict=verdict(acceptance, speedup),
+                verdict=judged,
                 samples=len(spec),
+                lossless_t=t,
             )
         )
     return results
@@ -142,15 +172,15 @@ def _cells(rows: list[tuple[str, CategoryResult]], label: str) -> list[list[str]
     for value, r in rows:
         acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
         length = f"{r.mean_acceptance_length:.2f}" if r.mean_acceptance_length is not None else "-"
-        ideal = f"{r.ideal:.2f}x ({r.efficiency:.0%})" if r.ideal else "-"
+        ideal = f"{r.ideal:.2f}x ({r.efficiency:.0%})" if r.ideal and r.lossless else "-"
         lines.append(
             ([value] if label else [])
             + [
                 r.category,
                 f"{r.spec_tps[1]:.1f} [{r.spec_tps[0]:.1f}-{r.spec_tps[2]:.1f}]",
                 f"{r.base_tps[1]:.1f} [{r.base_tps[0]:.1f}-{r.base_tps[2]:.1f}]",
-                f"{r.speedup:.2f}x",
-                f"{r.speedup_spread[0]:.2f}-{r.speedup_spread[2]:.2f}",
+                f"{r.speedup:.2f}x" if r.lossless else "-",
+                f"{r.speedup_spread[0]:.2f}-{r.speedup_spread[2]:.2f}" if r.lossless else "-",
                 acc,
                 length,
                 ideal,
@@ -181,14 +211,30 @@ def bar_chart(rows: list[tuple[str, CategoryResult]], width: int = 40) -> str:
     """Speed-up per category as horizontal bars, with the 1.0x line marked."""
     if not rows:
         return ""
-    top = max(max(r.speedup for _, r in rows), 1.0) * 1.1
+    top = max(max((r.speedup for _, r in rows if r.lossless), default=1.0), 1.0) * 1.1
     one = round(width / top)
     lines = []
     for value, r in rows:
         name = f"{r.category}{' ' + value if value else ''}"
+        if not r.lossless:
+            lines.append(f"{name:>22} {'NOT LOSSLESS: no speed-up reported':<{width}}")
+            continue
         filled = round(r.speedup / top * width)
         bar = ("█" * filled).ljust(width)
         bar = bar[:one] + ("┃" if filled <= one else bar[one]) + bar[one + 1 :] if one < width else bar
         lines.append(f"{name:>22} {bar} {r.speedup:.2f}x")
     lines.append(" " * 23 + " " * one + "└ 1.0x (no gain)")
     return "\n".join(lines)
+
+
+def lossless_line(rows: list[tuple[str, CategoryResult]]) -> str:
+    """One line on whether speculation kept sampling intact, per row with replies at T > 0."""
+    checked = [(value, r) for value, r in rows if r.lossless_t is not None]
+    if not checked:
+        return ""
+    cells = ", ".join(f"{r.category}{' ' + value if value else ''} t={r.lossless_t:.1f}" for value, r in checked)
+    broken = [r.category for _, r in checked if not r.lossless]
+    head = f"lossless at T > 0 (mean log-probability of sampled tokens with vs without speculation, Welch's t, |t| <= {T_LIMIT:g}): "
+    if broken:
+        return head + cells + f"\nWARNING: speculation changed what was sampled in {', '.join(broken)}; those speed-ups are not reported. `termchat doctor --verify --profile NAME` checks the engine."
+    return head + cells + ": all pass"

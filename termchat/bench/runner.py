@@ -91,7 +91,8 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
             value = temperature
         for run in range(runs):
             started = time.monotonic()
-            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, top_p=profile.top_p, max_tokens=max_tokens, seed=_seed(prompt, run)))
+            # log-probabilities at T > 0: the report checks from them that speculation sampled what the model samples without it
+            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, top_p=profile.top_p, max_tokens=max_tokens, seed=_seed(prompt, run), logprobs=value > 0))
             stats = stream.stats
             progress.request(time.monotonic() - started, f"{label} {prompt.id}")
             if not stats.decode_tokens_per_s:
@@ -107,6 +108,8 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
                     drafted=stats.draft_tokens,
                     spec_steps=stats.spec_steps,
                     histogram=stats.acceptance_histogram,
+                    temperature=value,
+                    mean_logprob=sum(stream.token_logprobs) / len(stream.token_logprobs) if stream.token_logprobs else None,
                 )
             )
     return samples

@@ -19,6 +19,7 @@ import httpx
 from termchat.engine import stats as stats_mod
 from termchat.engine.server import Engine, EngineError
 from termchat.engine.stats import ReplyStats, Step
+from termchat.sanitize import one_line
 
 
 class ReplyInterrupted(EngineError):
@@ -48,7 +49,11 @@ class ChatStream:
     steps: list[Step] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)  # with Sampling.logprobs
     stats: ReplyStats | None = None
-    timeout: float = 600.0
+    started: float | None = None  # when the request was sent
+
+    def partial_stats(self) -> ReplyStats:
+        """The figures of what has arrived so far (a cut or broken reply), from step sizes."""
+        return stats_mod.compute(self.steps, self.started or time.monotonic(), self.engine.profile.num_speculative_tokens, temperature=self.sampling.temperature, finish_reason="cut")
 
     def body(self) -> dict:
         body = {
@@ -72,22 +77,35 @@ class ChatStream:
     async def __aiter__(self) -> AsyncIterator[Step]:
         if not self.engine.model_name:
             self.engine.model_name = await _first_model(self.engine)
-        started = time.monotonic()
+        started = self.started = time.monotonic()
         server_metrics = usage = finish = None
-        timeout = httpx.Timeout(self.timeout, connect=10.0)
+        done = False
+        # a silent endpoint: first_token_timeout until the first token (long
+        # enough for a cold large engine), then STALL_S between two lines
+        first_wait = self.engine.profile.first_token_timeout
         try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                async with client.stream("POST", self.engine.base_url + "/chat/completions", json=self.body(), headers=self.engine.headers()) as response:
+            async with self.engine.http(httpx.Timeout(None, connect=10.0)) as client:
+                async with client.stream("POST", self.engine.base_url + "/chat/completions", json=self.body()) as response:
                     if response.status_code != 200:
                         detail = (await response.aread()).decode("utf-8", "replace")
                         raise EngineError(_http_message(response.status_code, detail, self.engine))
-                    async for line in response.aiter_lines():
+                    lines = response.aiter_lines()
+                    while True:
+                        wait = first_wait if not self.steps else STALL_S
+                        try:
+                            line = await asyncio.wait_for(anext(lines), wait)
+                        except StopAsyncIteration:
+                            break
+                        except TimeoutError:
+                            what = "the first token" if not self.steps else "the next token"
+                            raise ReplyInterrupted(f"no answer from the engine at {self.engine.base_url} for {wait:.0f} s while waiting for {what}; it may be overloaded or stuck. (first_token_timeout in the profile sets the first wait)", self.text) from None
                         if not line.startswith("data:"):
                             continue
                         data = line[5:].strip()
                         if data == "[DONE]":
+                            done = True
                             break
-                        chunk = json.loads(data)
+                        chunk = _chunk(data, self.text)
                         if chunk.get("usage"):
                             usage = chunk["usage"]
                         metrics = (chunk.get("metrics") or {}).get("speculative_decoding")
@@ -105,7 +123,11 @@ class ChatStream:
                                 self.steps.append(step)
                                 yield step
         except (httpx.TransportError, httpx.StreamError) as exc:
-            raise ReplyInterrupted(f"the engine stopped answering mid-reply ({type(exc).__name__}). {self.engine.describe_failure()}", self.text) from None
+            raise ReplyInterrupted(_transport_message(exc, self.engine, bool(self.text)), self.text) from None
+        except (AttributeError, TypeError, KeyError) as exc:  # a JSON object of the wrong shape
+            raise ReplyInterrupted(f"the engine at {self.engine.base_url} sent a reply of an unexpected shape ({type(exc).__name__}: {one_line(str(exc), 120)}); the partial reply is kept", self.text) from None
+        if not done:
+            raise ReplyInterrupted(f"the engine at {self.engine.base_url} closed the stream before the end of the reply; the partial reply is kept", self.text)
         self.stats = stats_mod.compute(
             self.steps,
             started,
@@ -117,24 +139,60 @@ class ChatStream:
         )
 
 
+STALL_S = 120.0  # between two lines of a reply that has started
+
+
+def _chunk(data: str, partial: str) -> dict:
+    """One SSE data payload as a chunk object; anything else ends the reply with one clear message."""
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise ReplyInterrupted(f"the engine sent a line that is not JSON: {one_line(data, 120)!r}; the partial reply is kept", partial) from None
+    if not isinstance(chunk, dict):
+        raise ReplyInterrupted(f"the engine sent {type(chunk).__name__} where a JSON object was expected: {one_line(data, 120)!r}; the partial reply is kept", partial)
+    error = chunk.get("error") if "error" in chunk else chunk if chunk.get("object") == "error" else None
+    if error is not None:
+        message = error.get("message") if isinstance(error, dict) else error
+        raise ReplyInterrupted(f"the engine reported an error mid-reply: {one_line(str(message), 300)}; the partial reply is kept", partial)
+    return chunk
+
+
+def _transport_message(exc: Exception, engine: Engine, started: bool) -> str:
+    """What happened on the wire, in words (a bad certificate is not a dead engine)."""
+    text = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        return f"could not verify the TLS certificate of {engine.base_url} ({one_line(text, 200)}). If the server uses a private certificate authority, point SSL_CERT_FILE at its certificate."
+    if isinstance(exc, httpx.ConnectError) or (isinstance(exc, httpx.ProxyError) and not started):
+        return f"could not connect to the engine at {engine.base_url} ({type(exc).__name__}: {one_line(text, 200)}). {engine.describe_failure()}"
+    if isinstance(exc, httpx.TimeoutException) and not started:
+        return f"the engine at {engine.base_url} did not answer ({type(exc).__name__}). {engine.describe_failure()}"
+    return f"the engine stopped answering mid-reply ({type(exc).__name__}). {engine.describe_failure()}"
+
+
 def _http_message(status: int, detail: str, engine: Engine) -> str:
     try:
-        detail = json.loads(detail).get("error", {}).get("message") or json.loads(detail).get("message") or detail
+        data = json.loads(detail)
+        error = data.get("error")
+        detail = (error.get("message") if isinstance(error, dict) else error) or data.get("message") or detail
     except (ValueError, AttributeError):
         pass
     if status == 401:
         return f"the engine at {engine.base_url} refused the API key (401); check ${engine.profile.api_key_env or 'the key'}"
-    return f"the engine answered {status}: {str(detail)[:400]}"
+    return f"the engine answered {status}: {one_line(str(detail), 400)}"
 
 
 async def _first_model(engine: Engine) -> str:
-    async with httpx.AsyncClient(timeout=10.0) as client:
+    """The served model, for a remote profile that names none."""
+    async with engine.http(10.0) as client:
         try:
-            response = await client.get(engine.base_url + "/models", headers=engine.headers())
+            response = await client.get(engine.base_url + "/models")
             response.raise_for_status()
-            return response.json()["data"][0]["id"]
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-            raise EngineError(f"could not list the models at {engine.base_url}: {exc}") from None
+            model = response.json()["data"][0]["id"]
+            if not isinstance(model, str):
+                raise TypeError("the model id is not a string")
+            return model
+        except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as exc:
+            raise EngineError(f"could not ask {engine.base_url} which model it serves: {one_line(str(exc), 200)}. Set `model` in the profile.") from None
 
 
 async def complete(engine: Engine, messages: list[dict], sampling: Sampling) -> ChatStream:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import ipaddress
 import json
 import os
 import secrets
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -42,6 +44,24 @@ Progress = Callable[[str], None]
 
 class EngineError(UserError):
     """The engine failed to start, died, or cannot be reached."""
+
+
+def is_loopback(url: str) -> bool:
+    """Is this URL on this machine (127.0.0.0/8, ::1, localhost)?"""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def plain_http_warning(profile: Profile) -> str | None:
+    """A remote endpoint that would get the API key in clear text."""
+    if profile.endpoint and profile.api_key_env and urlsplit(profile.endpoint).scheme == "http" and not is_loopback(profile.endpoint):
+        return f"profile '{profile.name}' sends its API key (${profile.api_key_env}) over plain http:// to {urlsplit(profile.endpoint).hostname}: anyone on the network path can read it; use https://"
+    return None
 
 
 @dataclass
@@ -61,6 +81,39 @@ class Engine:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
+    @property
+    def uses_proxy_settings(self) -> bool:
+        """Loopback traffic never goes through a proxy (it would carry the prompt
+        and the key off the machine, and a dead proxy would hang every request);
+        a remote endpoint follows HTTP(S)_PROXY / NO_PROXY as users expect."""
+        return not is_loopback(self.base_url)
+
+    def http(self, timeout: float | httpx.Timeout = 10.0) -> httpx.AsyncClient:
+        """An HTTP client for this engine: its key, and the one proxy decision."""
+        return httpx.AsyncClient(headers=self.headers(), timeout=timeout, trust_env=self.uses_proxy_settings)
+
+    def health(self, timeout: float = 2.0) -> bool:
+        """Does /health answer 200 now? (synchronous, for attaching)"""
+        try:
+            with httpx.Client(timeout=timeout, trust_env=self.uses_proxy_settings) as client:
+                return client.get(self.root_url + "/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def detokenize(self, ids: set[int]) -> dict[int, str]:
+        """The text of single tokens, from the server's /detokenize."""
+        found: dict[int, str] = {}
+        async with self.http() as client:
+            for token in ids:
+                try:
+                    response = await client.post(self.root_url + "/detokenize", json={"model": self.model_name, "tokens": [token]})
+                    data = response.json()
+                except (httpx.HTTPError, ValueError):
+                    break
+                if isinstance(data, dict) and isinstance(data.get("prompt"), str):
+                    found[token] = data["prompt"]
+        return found
+
     def alive(self) -> bool:
         return True
 
@@ -69,6 +122,16 @@ class Engine:
 
     def describe_failure(self) -> str:
         return f"the engine at {self.base_url} did not answer"
+
+
+KEEP_LOGS = 5  # engine logs kept per profile
+
+
+def prune_logs(log_dir: Path, profile_name: str, keep: int = KEEP_LOGS - 1) -> None:
+    """Delete all but the newest `keep` engine logs of a profile (before a new one is started)."""
+    logs = sorted(log_dir.glob(f"engine-{profile_name}-[0-9]*.log"), key=lambda p: p.stat().st_mtime)
+    for old in logs[: max(0, len(logs) - keep)]:
+        old.unlink(missing_ok=True)
 
 
 def free_port() -> int:
@@ -157,11 +220,11 @@ class ManagedEngine(Engine):
         """Start the server and return at once; call wait_ready() next."""
         port, key = free_port(), secrets.token_urlsafe(24)
         cmd = server_command(profile, port)
-        log_dir = log_dir or paths.logs_dir()
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir = paths.private_dir(log_dir or paths.logs_dir())
+        prune_logs(log_dir, profile.name)
         log_path = log_dir / f"engine-{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
         env = {**os.environ, **profile.env, "PYTHONUNBUFFERED": "1", "VLLM_API_KEY": key}
-        with open(log_path, "wb") as log:
+        with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
             log.write(("$ " + shlex.join(cmd) + "\n").encode())
             log.flush()
             try:
@@ -220,7 +283,7 @@ class ManagedEngine(Engine):
     async def wait_ready_async(self, timeout: float = 600.0, progress: Progress | None = None) -> None:
         """Poll /health twice a second; give up at `timeout` or when the process dies."""
         deadline = time.monotonic() + timeout
-        async with httpx.AsyncClient(timeout=2.0) as client:
+        async with self.http(timeout=2.0) as client:
             while True:
                 self._check()
                 try:
@@ -280,6 +343,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _our_engine(pid: object) -> bool:
+    """Is `pid` a live vLLM server of this user? (a recycled pid, or another
+    user's process, must not count as a running `termchat serve`)"""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    proc = Path(f"/proc/{pid}")
+    try:
+        if proc.stat().st_uid != os.getuid():
+            return False
+        return SERVER_MODULE.encode() in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 # ---- `termchat serve` state files, so `ask` can attach --------------------------------
 
 
@@ -289,7 +366,7 @@ def _serve_file(profile_name: str) -> Path:
 
 def write_serve_state(engine: ManagedEngine) -> Path:
     path = _serve_file(engine.profile.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    paths.private_dir(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the API key
     with os.fdopen(fd, "w") as handle:
         json.dump({"base_url": engine.base_url, "api_key": engine.api_key, "pid": engine.pid, "model": engine.model_name, "log": str(engine.log_path)}, handle)
@@ -306,17 +383,17 @@ def find_served(profile: Profile) -> ManagedEngine | None:
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
+        state = None
+    fields = ("base_url", "api_key", "model", "log")
+    if not isinstance(state, dict) or not all(isinstance(state.get(k), str) for k in fields) or not is_loopback(state["base_url"]):
+        if path.exists():
+            path.unlink(missing_ok=True)  # empty, damaged or not ours: a fresh start is the answer
         return None
-    if not _pid_alive(state.get("pid", -1)):
+    if not _our_engine(state.get("pid")):
         path.unlink(missing_ok=True)
         return None
     engine = ManagedEngine(profile=profile, base_url=state["base_url"], api_key=state["api_key"], model_name=state["model"], pid=state["pid"], log_path=Path(state["log"]), owned=False)
-    try:
-        if httpx.get(engine.root_url + "/health", timeout=2.0).status_code != 200:
-            return None
-    except httpx.HTTPError:
-        return None
-    return engine
+    return engine if engine.health() else None
 
 
 def remote_engine(profile: Profile) -> Engine:
@@ -329,7 +406,8 @@ def remote_engine(profile: Profile) -> Engine:
     base = profile.endpoint.rstrip("/")
     if not base.endswith("/v1"):
         base += "/v1"
-    return Engine(profile=profile, base_url=base, api_key=key, model_name=profile.model)
+    # no model in the profile: ask the server for it on the first request
+    return Engine(profile=profile, base_url=base, api_key=key, model_name=profile.model or "")
 
 
 async def open_engine_async(

@@ -6,6 +6,7 @@ kernels when no Triton CPU backend is installed. In 0.32.0 the fallback for
 never copies the result back, so at T > 0 the target logits are divided by
 uninitialised memory (and top-k is garbage too): speculation then changes what
 is sampled. Greedy decoding never calls it, which is why greedy checks pass.
+Reported upstream as vllm-project/vllm#55005 (fix proposed in #55006).
 
 How: vLLM calls `register()` (entry point group `vllm.general_plugins`) in
 its API server, engine core and every worker, and a worker does so *before*

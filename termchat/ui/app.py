@@ -12,7 +12,6 @@ import json
 import time
 from pathlib import Path
 
-import httpx
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -23,13 +22,14 @@ from termchat import paths
 from termchat.attach import fenced_file
 from termchat.conversation import Conversation, TemperatureChoice, parse_temperature
 from termchat.engine import server
+from termchat.engine import stats as stats_mod
 from termchat.engine.client import ReplyInterrupted
 from termchat.engine.stats import ReplyStats, Step
 from termchat.errors import UserError
 from termchat.exchange import Recorder, exchange
-from termchat.store import Store, StoreError
+from termchat.store import Store, StoreError, write_export
 from termchat.profiles import Config, Profile, builtin_profiles, load_config
-from termchat.sanitize import inert
+from termchat.sanitize import clean_code, inert
 from termchat.ui.screens.ask_text import AskText
 from termchat.ui.screens.help import HelpScreen
 from termchat.ui.screens.history import HistoryScreen
@@ -53,8 +53,7 @@ def _read_ui_state() -> dict:
 def _write_ui_state(**changes) -> None:
     state = {**_read_ui_state(), **changes}
     try:
-        paths.state_dir().mkdir(parents=True, exist_ok=True)
-        (paths.state_dir() / UI_STATE).write_text(json.dumps(state))
+        paths.private_file(paths.state_dir() / UI_STATE).write_text(json.dumps(state))
     except OSError:
         pass  # remembering the theme is a convenience, never a failure
 
@@ -201,18 +200,37 @@ class TermchatApp(App):
         self.push_screen(HistoryScreen(self.store), chosen)
 
     def _export(self, conversation_id: int, fmt: str) -> None:
+        def write(name: str, force: bool) -> None:
+            text = self.store.export_markdown(conversation_id) if fmt == "md" else self.store.export_json(conversation_id)
+            try:
+                path = write_export(name, text, force=force)
+            except UserError as exc:
+                self.notify(str(exc), severity="error")
+                return
+            self.notify(f"exported conversation {conversation_id} to {path}")
+
         def save(name: str | None) -> None:
             if not name:
                 return
-            text = self.store.export_markdown(conversation_id) if fmt == "md" else self.store.export_json(conversation_id)
-            try:
-                Path(name).expanduser().write_text(text + "\n")
-            except OSError as exc:
-                self.notify(f"could not write {name}: {exc.strerror}", severity="error")
+            if not Path(name).expanduser().is_file():
+                write(name, force=False)
                 return
-            self.notify(f"exported conversation {conversation_id} to {name}")
+
+            def confirmed(answer: str | None) -> None:
+                if (answer or "").strip().lower() in ("y", "yes"):
+                    write(name, force=True)
+                else:
+                    self.notify("not exported: the file was left as it is")
+
+            self.push_screen(AskText(f"{name} exists. Overwrite it? (y/N)", ""), confirmed)
 
         self.push_screen(AskText(f"Export conversation {conversation_id} as {fmt.upper()} to:", f"conversation-{conversation_id}.{fmt}"), save)
+
+    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None, markup: bool = False) -> None:
+        """Every notification, from any screen: its text is never markup and
+        never reaches the terminal as an escape sequence (it often quotes a
+        file name, a title or a server's error)."""
+        super().notify(inert(str(message)), title=inert(title), severity=severity, timeout=timeout, markup=False)
 
     def on_unmount(self) -> None:
         if self.engine is not None:
@@ -342,7 +360,7 @@ class TermchatApp(App):
     # ---- chat -------------------------------------------------------------------------
 
     async def _note(self, text: str) -> None:
-        await self.query_one("#chat").mount(Static(f"— {text} —", classes="note", markup=False))
+        await self.query_one("#chat").mount(Static(f"— {inert(text)} —", classes="note", markup=False))
 
     async def on_prompt_area_submitted(self, event: PromptArea.Submitted) -> None:
         text = event.text.strip()
@@ -371,33 +389,39 @@ class TermchatApp(App):
         await view.finish(None)
         profile, engine = self.profile, self.engine
         recorder = self._recorder()
-        self.status(engine="streaming", live=True, tokens_per_s=None)
-        first: float | None = None
-        tokens, shown = 0, 0.0
+        # this reply's own figures from its first step on, never the previous reply's
+        self.status(engine="streaming", live=True, tokens_per_s=None, acceptance=None, mean_length=None)
+        steps: list[Step] = []
+        sent, shown = time.monotonic(), 0.0
+
+        def partial() -> ReplyStats:
+            """Live figures from step sizes; the server's exact ones come with the last chunk."""
+            return stats_mod.compute(steps, sent, profile.num_speculative_tokens, temperature=choice.value)
 
         async def on_step(step: Step) -> None:
-            nonlocal first, tokens, shown
+            nonlocal shown
             await view.append(step)
-            tokens += len(step.token_ids)
-            if first is None:
-                first, tokens = step.at, 0
-            elif step.at - shown > 0.25:
+            steps.append(step)
+            if step.at - shown > 0.25:
                 shown = step.at
-                self.status(tokens_per_s=tokens / (step.at - first))
+                live = partial()
+                self.status(tokens_per_s=live.decode_tokens_per_s, acceptance=live.acceptance_rate, mean_length=live.mean_acceptance_length)
 
         try:
             outcome = await exchange(engine, profile, self.conversation, prompt, choice, recorder, on_step)
         except asyncio.CancelledError:
             self._ids(view, recorder)
             view.cut = True
-            await view.finish(None, "✂ cut: the partial reply is kept", "cut")
-            self._after_reply(None)
+            cut = partial() if steps else None
+            await view.finish(cut, "✂ cut: the partial reply is kept" + (" (figures from step sizes)" if cut else ""), "cut")
+            self._after_reply(cut)
             raise
         except ReplyInterrupted as exc:
             self._ids(view, recorder)
             view.cut = True
-            await view.finish(None, "✗ the engine stopped mid-reply; the partial reply is kept", "failed")
-            self._after_reply(None)
+            cut = partial() if steps else None
+            await view.finish(cut, "✗ the engine stopped mid-reply; the partial reply is kept", "failed")
+            self._after_reply(cut)
             self._engine_failed(str(exc))
             return
         except UserError as exc:
@@ -505,8 +529,11 @@ class TermchatApp(App):
             self.notify("no code block to copy yet")
             return
         language, code = blocks[index]
+        code, warning = clean_code(code)
         self.copy_to_clipboard(code)
         self.notify(f"copied {len(code.splitlines())} lines of {language or 'code'} to the clipboard")
+        if warning:
+            self.notify(warning, severity="warning", timeout=15)
 
     def action_save_code(self, index: int = -1) -> None:
         blocks = self.code_blocks()
@@ -514,6 +541,7 @@ class TermchatApp(App):
             self.notify("no code block to save yet")
             return
         language, code = blocks[index]
+        code, warning = clean_code(code)
         extension = {"python": "py", "py": "py", "javascript": "js", "js": "js", "typescript": "ts", "rust": "rs", "bash": "sh", "sh": "sh", "go": "go", "java": "java", "c": "c", "cpp": "cpp"}.get(language.lower(), "txt")
 
         def save(name: str | None) -> None:
@@ -529,6 +557,8 @@ class TermchatApp(App):
                 self.notify(f"could not save {path}: {exc.strerror}", severity="error")
                 return
             self.notify(f"saved {len(code.splitlines())} lines to {path}")
+            if warning:
+                self.notify(warning, severity="warning", timeout=15)
 
         self.push_screen(AskText("Save the code block to file:", f"snippet.{extension}"), save)
 
@@ -553,14 +583,7 @@ class TermchatApp(App):
 
     async def _detokenize(self, ids: set[int]) -> None:
         """The text of single tokens, from the server's /detokenize (cached)."""
-        engine = self.engine
-        async with httpx.AsyncClient(timeout=10) as client:
-            for token in ids:
-                try:
-                    response = await client.post(engine.root_url + "/detokenize", json={"model": engine.model_name, "tokens": [token]}, headers=engine.headers())
-                    self.token_text[token] = response.json().get("prompt", "")
-                except (httpx.HTTPError, ValueError):
-                    return
+        self.token_text.update(await self.engine.detokenize(ids))
 
     # ---- slash commands ---------------------------------------------------------------
 

@@ -7,6 +7,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
+from termchat.ui.text import plain
+
 
 class AskText(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
@@ -22,7 +24,7 @@ class AskText(ModalScreen[str | None]):
 
     def compose(self):
         with Vertical():
-            yield Label(self.question)
+            yield Label(plain(self.question))
             yield Input(value=self.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

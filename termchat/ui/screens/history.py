@@ -11,6 +11,7 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from termchat.store import Store
+from termchat.ui.text import plain
 
 
 class HistoryScreen(ModalScreen[tuple[str, int] | None]):
@@ -51,7 +52,7 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
         options.clear_options()
         for c in self.store.conversations(search=search):
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
-            options.add_option(Option(f"{when}  {c.profile:<14.14} {c.title}", id=str(c.id)))
+            options.add_option(Option(plain(f"{when}  {c.profile:<14.14} {c.title}"), id=str(c.id)))
         if options.option_count:
             options.highlighted = 0
 

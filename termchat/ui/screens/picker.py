@@ -10,6 +10,7 @@ from textual.widgets.option_list import Option
 
 from termchat.models import short_name
 from termchat.profiles import Profile
+from termchat.ui.text import plain
 
 
 def describe(index: int, profile: Profile, current: str) -> str:
@@ -42,7 +43,7 @@ class ProfilePicker(ModalScreen[str | None]):
     def compose(self):
         with Vertical():
             yield Label("Switch profile: Enter picks, Escape cancels. Alt+1..9 switch directly from the chat.")
-            yield OptionList(*[Option(describe(i, p, self.current), id=name) for i, (name, p) in enumerate(self.profiles.items())])
+            yield OptionList(*[Option(plain(describe(i, p, self.current)), id=name) for i, (name, p) in enumerate(self.profiles.items())])
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)

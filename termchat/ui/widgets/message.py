@@ -15,7 +15,7 @@ from textual.widgets import Markdown, Static
 from textual.widgets._markdown import MarkdownFence
 
 from termchat.engine.stats import ReplyStats, Step
-from termchat.sanitize import inert
+from termchat.sanitize import Sanitizer, inert
 
 
 class ThemedFence(MarkdownFence):
@@ -65,16 +65,17 @@ class MessageView(Vertical):
         self.message_id: int | None = None  # the stored message, when there is one
         self._header = header
         self._stream = None
+        self._clean = Sanitizer()  # one per reply: live view == replay, whatever the chunks
 
     def compose(self):
-        yield Static(self._header, classes="header", markup=False)
+        yield Static(inert(self._header), classes="header", markup=False)
         if self.role == "user":
             # what the user typed, line breaks and all (pasted code has no fences)
             yield Static(inert(self.text), classes="user-text", markup=False)
             return
         yield ChatMarkdown(inert(self.text))
         yield Static("", classes="tint")
-        yield Static("", classes="footer")
+        yield Static("", classes="footer", markup=False)
 
     @property
     def body(self) -> ChatMarkdown:
@@ -86,7 +87,7 @@ class MessageView(Vertical):
         self.text += step.text
         if self._stream is None:
             self._stream = Markdown.get_stream(self.body)
-        await self._stream.write(inert(step.text))
+        await self._stream.write(self._clean.feed(step.text))
 
     async def finish(self, stats: ReplyStats | None, note: str = "", note_class: str = "") -> None:
         """Close the stream and show the statistics (or why the reply ended early)."""
@@ -99,7 +100,7 @@ class MessageView(Vertical):
                 pass
         self.stats = stats
         footer = self.query_one(".footer", Static)
-        parts = [note] if note else []
+        parts = [inert(note)] if note else []
         if stats is not None:
             parts.append(stats.short())
         footer.update(" · ".join(parts))
@@ -132,9 +133,9 @@ class MessageView(Vertical):
         if not on or self.role != "assistant":
             self.remove_class("tinted")
             return
-        content = Content("")
+        content, clean = Content(""), Sanitizer()
         for step in self.steps:
-            text = inert(step.text)
+            text = clean.feed(step.text)
             if len(step.token_ids) > 1:
                 own = inert(last_token_text(step))
                 drafted = text[: len(text) - len(own)] if own and text.endswith(own) else text

@@ -53,7 +53,8 @@ def render(info: StatusInfo) -> Content:
         label = "live " if info.live else ""
         parts.append(Content(f"{label}{info.tokens_per_s:.1f} tok/s"))
     if info.acceptance is not None:
-        parts.append(Content.assemble("acc ", (f"{info.acceptance:.0%}", f"bold {acceptance_style(info.acceptance)}")))
+        # while streaming: derived from step sizes (~); after the reply: the server's exact figure
+        parts.append(Content.assemble("acc ~" if info.live else "acc ", (f"{info.acceptance:.0%}", f"bold {acceptance_style(info.acceptance)}")))
     if info.mean_length is not None:
         parts.append(Content(f"len {info.mean_length:.2f}"))
     if info.temperature is not None:
