@@ -139,6 +139,10 @@ def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
     # hardware and memory (case 1)
     if profile.is_remote:
         findings.append(Finding("info", "hardware", f"remote endpoint {profile.endpoint}: its memory is the server's business; nothing runs here"))
+        from termchat.engine.server import plain_http_warning
+
+        if plain_http_warning(profile):
+            findings.append(Finding("warning", "security", plain_http_warning(profile)))
     elif not gpu_list and cpu:
         findings.append(Finding("info", "hardware", "no GPU found (nvidia-smi lists none): the engine runs on the CPU; the bench, not the GPU rules, decides what pays"))
     elif not gpu_list:

@@ -171,6 +171,8 @@ def cmd_ask(args) -> int:
         store = None
 
     show, done = _progress_printer()
+    if server.plain_http_warning(profile):
+        print(f"termchat: warning: {server.plain_http_warning(profile)}", file=sys.stderr)
     engine = server.open_engine(profile, progress=show)
     done()
     recorder = Recorder.start(store, profile)  # after the engine: a failed start leaves no empty conversation
@@ -184,8 +186,31 @@ def cmd_ask(args) -> int:
             sys.stdout.write(clean.feed(step.text) if tty else step.text)
             sys.stdout.flush()
 
+    first = asyncio.Event()
+
+    def on_step(step) -> None:
+        if not first.is_set():
+            first.set()
+            done()
+        print_step(step)
+
+    async def run():
+        async def waiting() -> None:  # a silent endpoint shows as a counter, not as nothing
+            started = asyncio.get_running_loop().time()
+            while not first.is_set():
+                await asyncio.sleep(1.0)
+                if not first.is_set():
+                    show(f"waiting for the first token ({asyncio.get_running_loop().time() - started:.0f} s)")
+
+        ticker = asyncio.create_task(waiting())
+        try:
+            return await exchange(engine, profile, conversation, prompt, choice, recorder, on_step, max_tokens=args.max_tokens, seed=args.seed)
+        finally:
+            ticker.cancel()
+            done()
+
     try:
-        outcome = asyncio.run(exchange(engine, profile, conversation, prompt, choice, recorder, print_step, max_tokens=args.max_tokens, seed=args.seed))
+        outcome = asyncio.run(run())
     finally:
         engine.stop()
     if recorder.error:

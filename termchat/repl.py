@@ -130,6 +130,8 @@ class Repl:
             self.engine = engine  # so that Ctrl+C stops it while it warms up
             self.say(f"starting the engine for '{profile.name}' (about 30-45 s on a CPU)…")
 
+        if server.plain_http_warning(profile):
+            self.say(f"warning: {server.plain_http_warning(profile)}")
         try:
             self.engine = await server.open_engine_async(profile, launched=launched)
         except UserError as exc:

@@ -118,7 +118,7 @@ def hidden_characters(text: str) -> list[str]:
     found = []
     if "\x1b" in text or any(0x80 <= ord(c) <= 0x9F for c in text):
         found.append("escape sequences")
-    if any((ord(c) < 0x20 and c not in "\n\t\r") or ord(c) == 0x7F for c in text):
+    if any((ord(c) < 0x20 and c not in "\n\t\r\x1b") or ord(c) == 0x7F for c in text):
         found.append("control characters")
     if any(c in BIDI for c in text):
         found.append("bidi controls")

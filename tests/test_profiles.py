@@ -134,3 +134,36 @@ def test_a_missing_local_model_folder_is_a_clear_error_before_any_engine_starts(
     assert code == 2 and "no-such-model' does not exist on this machine" in err and "Fix `model` in the profile" in err
     assert "Traceback" not in err and "starting gone" not in err  # refused before launching vLLM
     assert [c.id for c in Store().conversations()] == before  # and no empty conversation left in the history
+
+
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ('[profiles.open]\nmodel = "m"\nengine_args = { host = "0.0.0.0" }\n', 3, "termchat sets this flag itself"),
+        ('[profiles.open]\nmodel = "m"\n[profiles.open.engine_args]\nport = 8000\n"api-key" = "none"\n', 4, "termchat sets this flag itself"),
+        ('[profiles."a/b"]\nmodel = "m"\n', 1, "letters, digits"),
+        ('[profiles.big]\nmodel = "m"\nspeculative = { method = "ngram", num_speculative_tokens = 1000 }\n', 3, "out of range: 1 to 64"),
+    ],
+)
+def test_profiles_that_would_open_the_engine_or_break_later_are_refused(tmp_path, capsys, text, line, words):
+    config = tmp_path / "c.toml"
+    config.write_text(text)
+    code, _, err = run(capsys, "profiles", "check", "--config", str(config))
+    assert code == 2 and f"c.toml:{line}:" in err and words in err, err
+
+
+def test_a_config_nested_too_deeply_or_starting_with_a_bom_gets_a_clear_answer(tmp_path, capsys):
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    code, _, err = run(capsys, "profiles", "check", "--config", str(deep))
+    assert code == 2 and "nested too deeply" in err and "Traceback" not in err
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + b'[profiles.win]\nmodel = "m"\n')
+    code, out, err = run(capsys, "profiles", "check", "--config", str(bom))
+    assert code == 0, err
+    assert load_config(bom).get("win").model == "m"
+
+
+def test_an_endpoint_profile_without_model_leaves_the_model_to_the_server():
+    config, problems = parse_config('[profiles.team]\nendpoint = "https://gpu.example/v1"\n', "c.toml")
+    assert not problems and config.get("team").model == ""

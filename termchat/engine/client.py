@@ -84,7 +84,7 @@ class ChatStream:
         # enough for a cold large engine), then STALL_S between two lines
         first_wait = self.engine.profile.first_token_timeout
         try:
-            async with self.engine.http(httpx.Timeout(None, connect=10.0)) as client:
+            async with self.engine.http(httpx.Timeout(first_wait, connect=10.0)) as client:
                 async with client.stream("POST", self.engine.base_url + "/chat/completions", json=self.body()) as response:
                     if response.status_code != 200:
                         detail = (await response.aread()).decode("utf-8", "replace")
@@ -97,8 +97,7 @@ class ChatStream:
                         except StopAsyncIteration:
                             break
                         except TimeoutError:
-                            what = "the first token" if not self.steps else "the next token"
-                            raise ReplyInterrupted(f"no answer from the engine at {self.engine.base_url} for {wait:.0f} s while waiting for {what}; it may be overloaded or stuck. (first_token_timeout in the profile sets the first wait)", self.text) from None
+                            raise ReplyInterrupted(_silent(self.engine, wait, bool(self.steps)), self.text) from None
                         if not line.startswith("data:"):
                             continue
                         data = line[5:].strip()
@@ -122,6 +121,10 @@ class ChatStream:
                                 self.text += delta
                                 self.steps.append(step)
                                 yield step
+        except httpx.TimeoutException as exc:
+            if isinstance(exc, httpx.ConnectTimeout):
+                raise ReplyInterrupted(_transport_message(exc, self.engine, bool(self.text)), self.text) from None
+            raise ReplyInterrupted(_silent(self.engine, first_wait, bool(self.steps)), self.text) from None
         except (httpx.TransportError, httpx.StreamError) as exc:
             raise ReplyInterrupted(_transport_message(exc, self.engine, bool(self.text)), self.text) from None
         except (AttributeError, TypeError, KeyError) as exc:  # a JSON object of the wrong shape
@@ -155,6 +158,11 @@ def _chunk(data: str, partial: str) -> dict:
         message = error.get("message") if isinstance(error, dict) else error
         raise ReplyInterrupted(f"the engine reported an error mid-reply: {one_line(str(message), 300)}; the partial reply is kept", partial)
     return chunk
+
+
+def _silent(engine: Engine, seconds: float, started: bool) -> str:
+    what = "the next token" if started else "the first token"
+    return f"no answer from the engine at {engine.base_url} for {seconds:.0f} s while waiting for {what}; it may be overloaded or stuck (the profile's first_token_timeout sets the first wait)"
 
 
 def _transport_message(exc: Exception, engine: Engine, started: bool) -> str:

@@ -400,6 +400,9 @@ class TermchatApp(App):
 
         async def on_step(step: Step) -> None:
             nonlocal shown
+            if not steps:
+                ticker.stop()
+                self.status(engine="streaming")
             await view.append(step)
             steps.append(step)
             if step.at - shown > 0.25:
@@ -407,8 +410,16 @@ class TermchatApp(App):
                 live = partial()
                 self.status(tokens_per_s=live.decode_tokens_per_s, acceptance=live.acceptance_rate, mean_length=live.mean_acceptance_length)
 
+        def waiting() -> None:  # a silent endpoint is visible, second by second
+            if not steps:
+                self.status(engine=f"waiting {time.monotonic() - sent:.0f}s for the first token")
+
+        ticker = self.set_interval(1.0, waiting)
         try:
-            outcome = await exchange(engine, profile, self.conversation, prompt, choice, recorder, on_step)
+            try:
+                outcome = await exchange(engine, profile, self.conversation, prompt, choice, recorder, on_step)
+            finally:
+                ticker.stop()
         except asyncio.CancelledError:
             self._ids(view, recorder)
             view.cut = True
@@ -420,7 +431,8 @@ class TermchatApp(App):
             self._ids(view, recorder)
             view.cut = True
             cut = partial() if steps else None
-            await view.finish(cut, "✗ the engine stopped mid-reply; the partial reply is kept", "failed")
+            gone = self.engine is None or not self.engine.alive()
+            await view.finish(cut, "✗ the engine stopped mid-reply; the partial reply is kept" if gone else f"✗ {exc}", "failed")
             self._after_reply(cut)
             self._engine_failed(str(exc))
             return
@@ -458,7 +470,12 @@ class TermchatApp(App):
         self.status(**changes)
 
     def _engine_failed(self, message: str) -> None:
-        if self.engine is not None and not self.engine.alive():
+        if self.engine is not None and self.engine.alive():
+            # the engine is up but this reply broke (a malformed stream, an error, a timeout)
+            self.status(engine="ready")
+            self.notify(message, severity="error", timeout=20)
+            return
+        if self.engine is not None:
             self.engine.state = "failed"
         self.status(engine="failed")
         self._panel("The engine stopped", f"{message}\n\nF5 restarts it; your conversation stays.", failed=True)

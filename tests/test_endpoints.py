@@ -1,0 +1,113 @@
+"""Broken, silent and untrusted endpoints: one clear message, nothing lost, no
+traceback, no proxy on loopback.
+
+Broken streams come from `standin.StandIn`, a scripted stand-in (not vLLM):
+the real engine cannot be made to send them. The proxy check runs against
+the session's real engine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from termchat import cli
+from termchat.engine import server
+from termchat.profiles import Profile, parse_config
+from termchat.store import Store
+from termchat.ui.app import TermchatApp
+from termchat.ui.widgets.message import MessageView
+
+from .conftest import ROOT, TERMCHAT
+from .standin import MODEL, StandIn
+
+
+def config_for(tmp_path, url: str, extra: str = "") -> str:
+    path = tmp_path / "standin.toml"
+    path.write_text(f'[profiles.standin]\nendpoint = "{url}"\nfirst_token_timeout = 2\n{extra}')
+    return str(path)
+
+
+def last_reply():
+    store = Store()
+    return store.messages(store.latest().id)[-1]
+
+
+def test_an_endpoint_profile_without_model_asks_the_server_which_model_it_serves(tmp_path, capsys):
+    with StandIn("ok") as standin:
+        code = cli.main(["ask", "--config", config_for(tmp_path, standin.url), "--profile", "standin", "hi"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.strip() == "Hello there.", err
+    assert standin.requests[0]["model"] == MODEL
+
+
+@pytest.mark.parametrize(
+    "scenario, message",
+    [
+        ("not-json", "sent a line that is not JSON"),
+        ("not-object", "where a JSON object was expected"),
+        ("error-mid-stream", "reported an error mid-reply: out of memory [/]"),
+        ("no-done", "closed the stream before the end of the reply"),
+        ("silent", "no answer from the engine"),
+    ],
+)
+def test_a_broken_stream_is_one_message_and_the_partial_reply_is_stored_as_interrupted(scenario, message, tmp_path, capsys):
+    started = time.monotonic()
+    with StandIn(scenario) as standin:
+        code = cli.main(["ask", "--config", config_for(tmp_path, standin.url), "--profile", "standin", f"hi {scenario}"])
+    out, err = capsys.readouterr()
+    assert code == 2 and message in err, err
+    assert "\x1b" not in err and "\x07" not in err and "Traceback" not in err
+    assert time.monotonic() - started < 30  # the silent endpoint: first_token_timeout = 2 s, not 600
+    reply = last_reply()
+    assert reply.status == "interrupted" and reply.content == out.rstrip("\n"), (reply.status, reply.content, out)
+
+
+def test_a_self_signed_certificate_is_refused_and_said_so(tmp_path, capsys):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    with StandIn("ok", tls=(str(cert), str(key))) as standin:
+        code = cli.main(["ask", "--config", config_for(tmp_path, standin.url, 'model = "m"\n'), "--profile", "standin", "hi"])
+    err = capsys.readouterr().err
+    assert code == 2 and "could not verify the TLS certificate" in err and "mid-reply" not in err, err
+
+
+async def test_the_tui_survives_a_malformed_stream(tmp_path):
+    with StandIn("not-json") as standin:
+        config, problems = parse_config(f'[profiles.standin]\nendpoint = "{standin.url}"\n', "standin.toml")
+        assert not problems
+        app = TermchatApp(config=config, profile="standin", resume=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.5)
+            app.query_one("PromptArea").focus()
+            await pilot.press("h", "i", "enter")
+            end = time.monotonic() + 20
+            while not [v for v in app.query(MessageView) if v.role == "assistant" and v.cut] and time.monotonic() < end:
+                await pilot.pause(0.2)
+            view = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
+            assert view.cut and "not JSON" in str(view.query_one(".footer").render())
+            assert app.is_running and app.query_one("StatusBar").info.engine == "ready"
+
+
+def test_loopback_never_uses_a_proxy_and_remote_endpoints_follow_the_environment():
+    local = server.Engine(Profile("p"), "http://127.0.0.1:8000/v1", None, "m")
+    assert not local.uses_proxy_settings and not server.Engine(Profile("p"), "http://localhost:1/v1", None, "m").uses_proxy_settings
+    assert not server.Engine(Profile("p"), "http://[::1]:1/v1", None, "m").uses_proxy_settings
+    assert server.Engine(Profile("p"), "https://gpu-box.example:8000/v1", None, "m").uses_proxy_settings
+
+
+def test_ask_reaches_the_local_engine_with_a_dead_proxy_in_the_environment(shared_engine):
+    dead = "http://127.0.0.1:9"  # nothing listens there
+    env = {**os.environ, "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "ALL_PROXY": dead, "http_proxy": dead, "https_proxy": dead, "NO_PROXY": "", "no_proxy": ""}
+    result = subprocess.run([*TERMCHAT, "ask", "--temperature", "0", "--max-tokens", "8", "--no-save", "Say hi."], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert result.returncode == 0 and result.stdout.strip(), result.stderr
+
+
+def test_a_key_sent_in_clear_to_another_host_gets_a_warning():
+    config, problems = parse_config('[profiles.far]\nendpoint = "http://gpu-box:8000/v1"\napi_key_env = "GPU_KEY"\n[profiles.near]\nendpoint = "http://127.0.0.1:8000/v1"\napi_key_env = "GPU_KEY"\n', "c.toml")
+    assert not problems
+    assert "plain http://" in server.plain_http_warning(config.get("far"))
+    assert server.plain_http_warning(config.get("near")) is None
