@@ -22,6 +22,37 @@ from termchat.profiles import Profile
 
 GIB = 1024**3
 
+# The article's acceptance bands, for methods that propose a fixed number k of
+# drafts every step (draft models, EAGLE, MTP): below 0.40 speculation costs
+# more than it gives, 0.40-0.60 is a moderate gain, 0.60 and above a strong one.
+ACCEPTANCE_LOW, ACCEPTANCE_HIGH = 0.40, 0.60
+# ngram and suffix propose only where they find a match, and (suffix) only as
+# many tokens as they trust, so their acceptance rate is not comparable with a
+# fixed-k rate. What holds for every method: tokens gained per verification
+# step against what a step costs, measured on this engine (the bench does).
+ADAPTIVE_METHODS = ("ngram", "suffix")
+
+
+def band(method: str | None, acceptance: float | None, tokens_per_step: float | None = None, step_cost: float | None = None) -> tuple[str | None, str]:
+    """How speculation is doing: (level, words). level is "low" (costs more
+    than it gives), "moderate", "strong", or None when it cannot be told."""
+    if method in ADAPTIVE_METHODS:
+        if tokens_per_step is None:
+            return None, "no figures"
+        if not step_cost:
+            return None, f"{tokens_per_step:.2f} tokens per verification step (run `termchat bench` to measure what a step costs here)"
+        gain = tokens_per_step / step_cost
+        level = "low" if gain < 1.0 else "moderate" if gain < 1.5 else "strong"
+        words = {"low": "costs more than it gives", "moderate": "moderate gain", "strong": "strong gain"}[level]
+        return level, f"{tokens_per_step:.2f} tokens per step at {step_cost:.2f}x a plain step's time: {words}"
+    if acceptance is None:
+        return None, "no acceptance figures"
+    if acceptance < ACCEPTANCE_LOW:
+        return "low", "below 0.40: speculation costs more than it gives"
+    if acceptance < ACCEPTANCE_HIGH:
+        return "moderate", "0.40-0.60: moderate gain"
+    return "strong", "0.60 and above: strong gain"
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -192,9 +223,10 @@ def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
         elif fa and fb and fa != fb:
             findings.append(Finding("warning", "vocabulary", f"target family {fa} and draft family {fb} differ: their vocabularies probably do too. Use a draft of the same family, or set use_heterogeneous_vocab = true"))
 
-    # speculative tokens
+    # speculative tokens: every method that proposes k at a time (suffix proposes
+    # only as many as it trusts, up to k; its documentation suggests 16-32)
     k = spec.get("num_speculative_tokens") or 0
-    if k > 7:
+    if k > 7 and method != "suffix":
         findings.append(Finding("warning", "speculative tokens", f"num_speculative_tokens = {k}: past 7 the later positions are rarely accepted and each step costs more. Try 3-7 (`termchat bench --num-speculative-tokens 3,5,7,9`)"))
     return findings
 

@@ -14,7 +14,11 @@ skipped when already done (a stamp in .venv records what was installed):
 4. remove torchvision, torchaudio and torchcodec, which PyPI builds for
    another torch ("operator torchvision::nms does not exist"); text models
    do not need them;
-5. `termchat models prepare` (the packaged default model, converted once).
+5. suffix decoding (arctic-inference, the `suffix` extra) built against the
+   installed torch with --no-build-isolation, its build tools first (the
+   `suffix-build` extra), with the venv's bin first on PATH so CMake finds
+   this Python;
+6. `termchat models prepare` (the packaged default model, converted once).
 """
 
 from __future__ import annotations
@@ -38,9 +42,9 @@ def say(message: str) -> None:
     print(f"[setup {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run(cmd: list[str], check: bool = True) -> int:
+def run(cmd: list[str], check: bool = True, env: dict | None = None) -> int:
     say("$ " + " ".join(str(c) for c in cmd))
-    code = subprocess.call(cmd)
+    code = subprocess.call(cmd, env=env)
     if check and code != 0:
         say(f"failed (exit {code}): {' '.join(map(str, cmd))}")
         sys.exit(code)
@@ -81,6 +85,13 @@ def setup() -> None:
         run(pip + ["-e", f"{ROOT}[{extra},test]"])
         if extra == "cpu":
             run([str(python()), "-m", "pip", "uninstall", "-y", *MISMATCHED], check=False)
+        import tomllib  # here: the version check above gives older Pythons a clear message first
+
+        extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+        say("building suffix decoding (arctic-inference) against this torch")
+        run(pip + extras["suffix-build"])
+        env = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+        run(pip + ["--no-build-isolation", *extras["suffix"]], env=env)
         stamp.write_text(stamp_text)
     else:
         say(f"{VENV} is up to date ({extra} build)")

@@ -63,10 +63,16 @@ def private_dir(path: Path) -> Path:
 
 def private_file(path: Path) -> Path:
     """Create `path` empty with mode 0600 if it does not exist (tighten it if it does),
-    so that whatever writes it next (SQLite, a log, a history file) starts private."""
+    so that whatever writes it next (SQLite, a log, a history file) starts private.
+
+    An existing file is only chmod-ed, never opened: closing any descriptor of
+    a file drops every POSIX lock this process holds on it, and SQLite's locks
+    are POSIX locks (opening and closing the database file beside a live
+    connection corrupts it)."""
     private_dir(path.parent)
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
-    os.close(fd)
-    if path.stat().st_mode & 0o077:
-        path.chmod(0o600)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
     return path

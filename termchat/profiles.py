@@ -148,17 +148,11 @@ class Profile:
         return replace(self, name=f"{self.name}-nospec", speculative=None)
 
 
-def builtin_profiles() -> dict[str, Profile]:
-    """`local` always exists: the CPU default, tuned for a small CPU.
-
-    float32 and both cores (measured faster than bfloat16 on AVX2-only CPUs),
-    eager mode (starts in ~30 s instead of ~200 s of torch.compile),
-    ngram speculation k=5 with lookup 2-5 (k 3, 5 and 7 measured alike on a code
-    rewrite, 1.2-1.3x, see README; on free text it costs time).
-    """
-    local = Profile(
-        name="local",
-        description="SmolLM2-135M-Instruct on the CPU with ngram speculation (built in)",
+# The CPU engine every built-in profile shares: float32 and both cores
+# (faster than bfloat16 on AVX2-only CPUs), eager mode (starts in ~30 s instead
+# of ~200 s of torch.compile), 1 GiB of KV cache.
+def _cpu_engine() -> dict:
+    return dict(
         model=DEFAULT_MODEL,
         dtype="float32",
         max_model_len=4096,
@@ -169,9 +163,26 @@ def builtin_profiles() -> dict[str, Profile]:
         system_prompt="You are a helpful, concise assistant for programmers.",
         engine_args={"enforce_eager": True},
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
-        speculative={"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
     )
-    return {"local": local}
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+# suffix decoding (Arctic Inference): drafts only where its suffix trees are
+# confident, up to num_speculative_tokens per step, and remembers earlier replies
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 16}
+
+
+def builtin_profiles() -> dict[str, Profile]:
+    """Profiles that exist without any config file, so F2 can compare methods
+    on a fresh install. `local` is the default: the method the bench measured
+    best on our CPUs (README, "Speculation per prompt category")."""
+    about = "SmolLM2-135M-Instruct on the CPU"
+    return {
+        "local": Profile(name="local", description=f"{about}, suffix decoding: the measured best (built in)", speculative=dict(SUFFIX), **_cpu_engine()),
+        "local-ngram": Profile(name="local-ngram", description=f"{about}, ngram prompt lookup k=5 (built in)", speculative=dict(NGRAM), **_cpu_engine()),
+        "local-suffix": Profile(name="local-suffix", description=f"{about}, suffix decoding up to 16 tokens (built in)", speculative=dict(SUFFIX), **_cpu_engine()),
+        "local-plain": Profile(name="local-plain", description=f"{about}, no speculation (built in)", **_cpu_engine()),
+    }
 
 
 @dataclass(frozen=True)

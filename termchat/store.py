@@ -129,12 +129,25 @@ class Store:
             self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA foreign_keys = ON")
-            self._wal()
-            self._migrate()
+            self._patiently(self._wal)
+            self._patiently(self._migrate)
         except sqlite3.Error as exc:
             raise _explain(exc, self.path) from None
         except OSError as exc:
             raise StoreError(f"cannot open the history database {self.path}: {exc.strerror}") from None
+
+    def _patiently(self, step) -> None:
+        """Retry `step` while another process holds the lock, up to `timeout`:
+        switching to WAL and some lock upgrades answer "locked" at once,
+        without waiting (two termchats opening a fresh database together)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return step()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc).lower() or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _wal(self) -> None:
         try:

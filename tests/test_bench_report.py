@@ -112,3 +112,22 @@ def test_greedy_replies_are_not_judged_by_log_probabilities():
     (result,) = summarize(samples, 5, 0.0)
     assert result.lossless_t is None and result.lossless
     assert lossless_line([("", result)]) == ""
+
+
+def test_an_adaptive_proposer_is_judged_by_tokens_per_step_against_the_step_cost():
+    # suffix: a low acceptance rate (few of its many proposed tokens pass) yet a clear gain
+    spec = [Sample(f"p{i}", "code", True, 30.0, 101, accepted=40, drafted=200, spec_steps=40, steps=61) for i in range(4)]
+    base = [Sample(f"p{i}", "code", False, 20.0, 101, steps=101) for i in range(4)]
+    (result,) = summarize(spec + base, 16, 0.0, method="suffix")
+    assert result.acceptance == pytest.approx(0.2) and result.speedup == pytest.approx(1.5)
+    assert result.tokens_per_step == pytest.approx(101 / 61)
+    assert result.step_cost == pytest.approx((100 / 30 / 60) / (100 / 20 / 100))
+    assert result.verdict.startswith("1.66 tokens per step") and "agrees" in result.verdict and "below 0.40" not in result.verdict
+    assert result.ideal == pytest.approx(101 / 61) and result.efficiency < 1.0  # never "reached 120%"
+
+
+def test_repeated_prompts_are_reported_apart_from_the_first_time():
+    samples = [Sample("a", "code", True, 30.0, 64, run=0), Sample("a", "code", True, 120.0, 64, run=1), Sample("a", "code", True, 118.0, 64, run=2)]
+    samples += [Sample("a", "code", False, 20.0, 64, run=r) for r in range(3)]
+    (result,) = summarize(samples, 16, 0.0, method="suffix")
+    assert result.speedup == pytest.approx(1.5) and result.repeat_speedup == pytest.approx(5.95)

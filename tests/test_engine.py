@@ -40,13 +40,13 @@ def test_reply_streams_in_several_steps(shared_engine):
     assert stream.stats.decode_tokens_per_s > 0 and stream.stats.ttft_s > 0
 
 
-def test_local_ngram_speculation_pays_on_repeated_code(shared_engine):
+def test_local_speculation_pays_on_repeated_code(shared_engine):
     stream = complete_sync(shared_engine, [{"role": "user", "content": REPEAT_CODE}], Sampling(temperature=0.0, max_tokens=120))
     stats = stream.stats
     assert stats.acceptance_source == "server"
     assert stats.acceptance_rate > 0.3, stats.summary()
     assert stats.mean_acceptance_length > 1.5, stats.summary()
-    assert len(stats.acceptance_per_position) == 5
+    assert len(stats.acceptance_per_position) == shared_engine.profile.num_speculative_tokens
     # some steps carried several tokens: drafts were accepted where we could see them
     assert max(len(s.token_ids) for s in stream.steps) > 1
 

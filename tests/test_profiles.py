@@ -31,9 +31,11 @@ def test_example_config_is_valid_and_has_the_required_profiles(capsys):
 def test_builtin_local_exists_without_any_file(capsys):
     config = load_config(None)
     local = config.get("local")
-    assert local.model == DEFAULT_MODEL and local.method == "ngram"
+    assert local.model == DEFAULT_MODEL and local.method == "suffix"
+    assert {"local-ngram", "local-suffix", "local-plain"} <= set(config.profiles)  # F2 compares methods out of the box
+    assert config.get("local-plain").speculative is None and config.get("local-ngram").method == "ngram"
     code, out, _ = run(capsys, "profiles", "list")
-    assert code == 0 and "local" in out and "ngram" in out
+    assert code == 0 and "local" in out and "ngram" in out and "suffix" in out
 
 
 def test_article_profile_translates_the_vllm_08_spelling_and_dry_run_shows_it(capsys):

@@ -46,6 +46,13 @@ async def fixed_conversation(pilot) -> None:
     await pilot.pause()
 
 
+@pytest.fixture(autouse=True)
+def fixed_bench_results(monkeypatch):
+    """The picker shows the last bench of each profile: fixed figures, not whatever a test benched."""
+    monkeypatch.setattr("termchat.bench.results.summary", lambda name: "code 1.34x chat 0.92x" if name == "local-ngram" else "")
+    monkeypatch.setattr("termchat.bench.results.step_cost", lambda name: None)
+
+
 def make_app(theme: str) -> TermchatApp:
     return TermchatApp(config=load_config(ROOT / "config.example.toml"), theme=theme, start_engine=False, resume=False)
 

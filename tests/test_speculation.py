@@ -37,6 +37,19 @@ def nospec_engine(prepared_model):
     engine.stop()
 
 
+@pytest.fixture(scope="module")
+def without_speculation(nospec_engine):
+    """The reference samples (16 replies at T=0.7), collected once for every method."""
+    return asyncio.run(verify.collect(nospec_engine, range(8)))
+
+
+@pytest.fixture(scope="module")
+def ngram_engine(prepared_model):
+    engine = server.open_engine(builtin_profiles()["local-ngram"], attach=False)
+    yield engine
+    engine.stop()
+
+
 def test_greedy_output_is_identical_with_and_without_speculation(shared_engine, nospec_engine):
     for prompt in PROMPTS:
         messages = [{"role": "user", "content": prompt}]
@@ -46,14 +59,15 @@ def test_greedy_output_is_identical_with_and_without_speculation(shared_engine, 
         assert with_spec.text == without.text
 
 
-def test_ngram_at_temperature_0_7_samples_what_the_model_samples_without_it(shared_engine, nospec_engine):
+@pytest.mark.parametrize("method", ["suffix", "ngram"])
+def test_speculation_at_temperature_0_7_samples_what_the_model_samples_without_it(method, request, without_speculation):
     """Mean log-probability of the sampled tokens, 16 replies each side (verify.py
     says why |t| <= 4.5 gives a false alarm less than once in a thousand runs;
     the 0.32.0 defect gave t = -7.8 with 12 replies)."""
-    seeds = range(8)
-    spec = asyncio.run(verify.collect(shared_engine, seeds))
-    base = asyncio.run(verify.collect(nospec_engine, seeds))
-    checks = {c.name: c for c in verify.compare(spec, base)}
+    engine = request.getfixturevalue("shared_engine" if method == "suffix" else "ngram_engine")
+    assert engine.profile.method == method
+    spec = asyncio.run(verify.collect(engine, range(8)))
+    checks = {c.name: c for c in verify.compare(spec, without_speculation)}
     assert checks["drafts proposed"].passed, checks["drafts proposed"].detail  # else the check has no power
     assert checks["sampled at T=0.7"].passed, checks["sampled at T=0.7"].detail
     assert checks["greedy"].passed

@@ -94,9 +94,9 @@ async def test_escape_cancels_a_reply_and_keeps_the_partial_text(shared_engine):
         await type_and_send(pilot, "/temp 0")
         await type_and_send(pilot, "Count from 1 to 400, separated by commas.")
         await wait_for(pilot, lambda: replies(app) and len(replies(app)[-1].steps) >= 5, what="first steps")
-        await wait_for(pilot, lambda: status.info.acceptance is not None, timeout=10, what="live acceptance")
-        # while streaming: this reply's own figures, from step sizes, marked as live
-        assert status.info.live and status.info.acceptance != 0.99 and "acc ~" in status.text
+        await wait_for(pilot, lambda: status.info.mean_length is not None, timeout=10, what="live figures")
+        # while streaming: this reply's own figures, from step sizes, marked as live (~)
+        assert status.info.live and status.info.acceptance != 0.99 and status.info.mean_length != 5.9 and "len ~" in status.text
         await pilot.press("escape")
         await wait_for(pilot, lambda: replies(app)[-1].cut, what="cut")
         view = replies(app)[-1]
@@ -107,7 +107,7 @@ async def test_escape_cancels_a_reply_and_keeps_the_partial_text(shared_engine):
         footer = str(view.query_one(".footer").render())
         assert "cut" in footer and "tok/s" in footer  # the cut reply shows its own statistics
         assert view.stats.output_tokens == sum(len(s.token_ids) for s in view.steps)
-        assert status.info.acceptance == view.stats.acceptance_rate and "acc ~" not in status.text
+        assert status.info.mean_length == view.stats.mean_acceptance_length and "~" not in status.text
         assert app.conversation.messages[-1] == {"role": "assistant", "content": partial}
 
 

@@ -34,7 +34,8 @@ async def test_keys_reach_the_app_from_the_prompt():
         await pilot.press("escape", "f2")
         await pilot.pause(0.1)
         assert isinstance(app.screen, ProfilePicker)
-        await pilot.press("escape", "alt+2")
+        position = list(config.profiles).index("far") + 1  # after the built-in profiles
+        await pilot.press("escape", f"alt+{position}")
         await pilot.pause(0.3)
         assert app.profile.name == "far"
         # Shift+Enter / Ctrl+J insert a newline; Enter sends

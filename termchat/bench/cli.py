@@ -10,6 +10,7 @@ from pathlib import Path
 
 from termchat.bench import prompts as prompt_sets
 from termchat.bench import report, runner
+from termchat.bench import results as results_store
 from termchat.errors import UserError
 from termchat.profiles import Profile
 
@@ -77,9 +78,13 @@ def draft_cost(profile: Profile, override: float | None) -> float:
 
 
 def cmd_bench(args) -> int:
+    from dataclasses import replace
+
     from termchat.profiles import load_config
 
-    profile = load_config(args.config).get(args.profile)
+    config = load_config(args.config)
+    names = [n.strip() for n in (args.profile or config.default_profile).split(",") if n.strip()]
+    profiles = [config.get(name) for name in names]
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
     prompts = prompt_sets.from_file(args.prompts, categories) if args.prompts else prompt_sets.builtin(categories)
     if args.limit:
@@ -96,43 +101,49 @@ def cmd_bench(args) -> int:
     else:
         temperatures = [None]  # automatic, as termchat chats
     ks = _ints(args.num_speculative_tokens, "--num-speculative-tokens") if args.num_speculative_tokens else [None]
-    c = draft_cost(profile, args.draft_cost)
     started = time.time()
-    results = runner.run(profile, prompts, args.runs, args.max_tokens, temperatures, ks)
+    results = runner.run(profiles, prompts, args.runs, args.max_tokens, temperatures, ks)
 
     sweep = "k and T" if len(ks) > 1 and len(temperatures) > 1 else "k" if len(ks) > 1 else "T" if len(temperatures) > 1 else ""
+    label = " ".join(filter(None, ["profile" if len(profiles) > 1 else "", sweep]))
     rows: list[tuple[str, report.CategoryResult]] = []
-    conditions = []
-    for condition, samples in results.items():
-        k = condition.k or profile.num_speculative_tokens
-        summary = report.summarize(samples, k, c)
-        value = condition.label() if sweep else ""
-        rows += [(value, r) for r in summary]
-        conditions.append({"k": k, "temperature": condition.temperature if condition.temperature is not None else "auto", "categories": [r.to_dict() for r in summary]})
+    per_profile = {}
+    for profile in profiles:
+        c = draft_cost(profile, args.draft_cost)
+        conditions = []
+        for condition, samples in results[profile.name].items():
+            if not profile.speculative:  # the baseline itself: 1.00x by definition
+                samples = [replace(s, speculative=True, run=0) for s in samples] + samples
+            k = condition.k or profile.num_speculative_tokens
+            summary = report.summarize(samples, k, c, profile.method)
+            value = " ".join(filter(None, [profile.name if len(profiles) > 1 else "", condition.label() if sweep else ""]))
+            rows += [(value, r) for r in summary]
+            conditions.append({"k": k, "temperature": condition.temperature if condition.temperature is not None else "auto", "categories": [r.to_dict() for r in summary]})
+        per_profile[profile.name] = {"model": profile.model, "speculative": profile.speculative, "draft_cost": c, "conditions": conditions}
+        if not args.prompts and temperatures == [None] and ks == [None]:
+            results_store.remember(profile.name, conditions[0]["categories"], args.runs, args.max_tokens)
+    described = ", ".join(f"{p.name} ({p.method + ' k=' + str(p.num_speculative_tokens) if p.speculative else 'no speculation'})" for p in profiles)
     header = (
-        f"termchat bench: profile {profile.name} ({profile.model}, {profile.method} k={profile.num_speculative_tokens}), "
+        f"termchat bench: {described} on {profiles[0].model}, "
         f"{len(prompts)} prompts x {args.runs} runs, max {args.max_tokens} tokens, "
-        f"temperature {'auto (code_temperature for code prompts)' if temperatures == [None] else ','.join(map(str, temperatures))}, draft cost c={c:g}"
+        f"temperature {'auto (code_temperature for code prompts)' if temperatures == [None] else ','.join(map(str, temperatures))}"
     )
-    table = report.table(rows, sweep)
+    table = report.table(rows, label)
     chart = report.bar_chart(rows)
+    lossless = report.lossless_line(rows)
     print(header)
     print("decode tokens/s = output tokens after the first / time after the first (prefill excluded); median [25th-75th percentile]")
     print(table)
     print()
     print("speed-up (median speculative / median baseline decode tok/s)")
     print(chart)
-    lossless = report.lossless_line(rows)
     if lossless:
         print(lossless)
     data = {
-        "profile": profile.name,
-        "model": profile.model,
-        "speculative": profile.speculative,
+        "profiles": per_profile,
         "machine": machine(),
-        "settings": {"runs": args.runs, "max_tokens": args.max_tokens, "temperatures": [t if t is not None else "auto" for t in temperatures], "num_speculative_tokens": [k or profile.num_speculative_tokens for k in ks], "draft_cost": c, "prompts": args.prompts or "built-in", "started": started},
-        "conditions": conditions,
-        "samples": {c.label(): [s.__dict__ for s in samples] for c, samples in results.items()},
+        "settings": {"runs": args.runs, "max_tokens": args.max_tokens, "temperatures": [t if t is not None else "auto" for t in temperatures], "num_speculative_tokens": [k for k in ks], "prompts": args.prompts or "built-in", "started": started},
+        "samples": {name: {c.label(): [s.__dict__ for s in samples] for c, samples in by_condition.items()} for name, by_condition in results.items()},
     }
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2))
@@ -140,13 +151,13 @@ def cmd_bench(args) -> int:
     if args.markdown:
         info = data["machine"]
         md = [
-            f"### termchat bench: `{profile.name}`",
+            f"### termchat bench: {', '.join(f'`{p.name}`' for p in profiles)}",
             "",
             f"Machine: {info.get('cpu', '?')}, {info.get('cores')} cores, {info.get('ram_gib', '?')} GiB RAM, GPUs: {info['gpus']}, {info.get('vllm', 'vLLM ?')}.",
             "",
             header.removeprefix("termchat bench: ") + ".",
             "",
-            report.markdown_table(rows, sweep),
+            report.markdown_table(rows, label),
             "",
             "```",
             chart,
@@ -158,7 +169,7 @@ def cmd_bench(args) -> int:
 
 
 def register(sub, common) -> None:
-    p = common(sub.add_parser("bench", help="measure speculation against no speculation per prompt category"))
+    p = common(sub.add_parser("bench", help="measure speculation against no speculation per prompt category; --profile a,b,c compares profiles"))
     p.add_argument("--categories", help="comma-separated, e.g. code,creative (default: all five)")
     p.add_argument("--prompts", help="a Spec-Bench JSONL file instead of the built-in sets")
     p.add_argument("--runs", type=int, default=3, help="runs per prompt (default 3; the article used 20)")

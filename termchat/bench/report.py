@@ -5,7 +5,10 @@ Pure functions on recorded samples, so they are tested on fixed numbers.
 - decode tokens/s: output tokens after the first, over the time after the
   first (prefill excluded, as the article measures);
 - speed-up: ratio of the medians (speculation / baseline), with the spread of
-  per-prompt ratios (each prompt's median over its runs);
+  per-prompt ratios (each prompt's median over its runs). The speculative
+  side counts only each prompt's first run: a proposer that remembers earlier
+  replies (suffix decoding) answers a repeated prompt far faster, which is
+  reported apart as "repeat" (what Ctrl+R, regenerate, gets);
 - acceptance: accepted / proposed drafts summed over all requests;
 - ideal speed-up: (1 - a^(k+1)) / ((1 - a)(k*c + 1)), a = acceptance,
   k = speculative tokens, c = a draft step's cost relative to a target step;
@@ -21,9 +24,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+from termchat.advisor import ADAPTIVE_METHODS, band
 from termchat.verify import T_LIMIT, welch_t
-
-LOW, HIGH = 0.40, 0.60
 
 
 @dataclass
@@ -41,6 +43,8 @@ class Sample:
     histogram: list[int] = field(default_factory=list)
     temperature: float | None = None
     mean_logprob: float | None = None  # of the sampled tokens, at T > 0
+    run: int = 0  # 0: the first time the engine saw this prompt; later runs may hit a proposer's cache
+    steps: int | None = None  # engine steps of the reply (each verification step counts once)
 
 
 MIN_REPLIES_FOR_LOSSLESS = 4
@@ -73,20 +77,28 @@ def ideal_speedup(a: float, k: int, c: float) -> float:
     return expected / (k * c + 1)
 
 
-def verdict(acceptance: float | None, speedup: float | None) -> str:
-    if acceptance is None:
-        return "no acceptance figures"
-    if acceptance < LOW:
-        band, predicts = "below 0.40: speculation costs more than it gives", "slowdown"
-    elif acceptance < HIGH:
-        band, predicts = "0.40-0.60: moderate gain", "gain"
-    else:
-        band, predicts = "0.60 and above: strong gain", "gain"
-    if speedup is None:
-        return band
+def verdict(acceptance: float | None, speedup: float | None, method: str | None = None, tokens_per_step: float | None = None, step_cost: float | None = None) -> str:
+    """The rule of thumb that fits the method (advisor.band), checked against the measurement."""
+    level, words = band(method, acceptance, tokens_per_step, step_cost)
+    if speedup is None or level is None:
+        return words
+    predicts = "slowdown" if level == "low" else "gain"
     measured = "gain" if speedup > 1.0 else "slowdown"
-    agrees = "agrees" if measured == predicts else "does NOT agree"
-    return f"{band}; measured {speedup:.2f}x {agrees}"
+    return f"{words}; measured {speedup:.2f}x {'agrees' if measured == predicts else 'does NOT agree'}"
+
+
+def step_cost(spec: list[Sample], base: list[Sample]) -> float | None:
+    """Time of one speculative engine step over one plain decode step (whatever
+    the method, a step verifies its drafts in one forward pass)."""
+
+    def per_step(samples: list[Sample]) -> float | None:
+        timed = [s for s in samples if s.steps and s.steps > 1 and s.decode_tokens_per_s]
+        seconds = sum((s.output_tokens - 1) / s.decode_tokens_per_s for s in timed)
+        steps = sum(s.steps - 1 for s in timed)
+        return seconds / steps if steps else None
+
+    a, b = per_step(spec), per_step(base)
+    return a / b if a and b else None
 
 
 @dataclass
@@ -104,6 +116,9 @@ class CategoryResult:
     verdict: str
     samples: int
     lossless_t: float | None = None  # None: no sampled (T > 0) replies to check
+    repeat_speedup: float | None = None  # the same prompts asked again (runs after the first)
+    tokens_per_step: float | None = None  # output tokens per engine step with speculation
+    step_cost: float | None = None  # a speculative step's time over a plain step's
 
     @property
     def lossless(self) -> bool:
@@ -113,19 +128,22 @@ class CategoryResult:
         return asdict(self)
 
 
-def summarize(samples: list[Sample], k: int | None, draft_cost: float) -> list[CategoryResult]:
+def summarize(samples: list[Sample], k: int | None, draft_cost: float, method: str | None = None) -> list[CategoryResult]:
     by_category: dict[str, list[Sample]] = defaultdict(list)
     for sample in samples:
         by_category[sample.category].append(sample)
     results = []
     for category, items in by_category.items():
-        spec = [s for s in items if s.speculative]
+        every = [s for s in items if s.speculative]
         base = [s for s in items if not s.speculative]
+        spec = [s for s in every if s.run == 0] or every
+        repeats = [s for s in every if s.run > 0]
         if not spec or not base:
             continue
         spec_tps = quantiles([s.decode_tokens_per_s for s in spec])
         base_tps = quantiles([s.decode_tokens_per_s for s in base])
         speedup = spec_tps[1] / base_tps[1]
+        repeat = statistics.median(s.decode_tokens_per_s for s in repeats) / base_tps[1] if repeats else None
         ratios = []
         for prompt_id in sorted({s.prompt_id for s in spec}):
             a = [s.decode_tokens_per_s for s in spec if s.prompt_id == prompt_id]
@@ -141,9 +159,16 @@ def summarize(samples: list[Sample], k: int | None, draft_cost: float) -> list[C
         histogram = [sum(s.histogram[j] for s in spec if j < len(s.histogram)) for j in range(width)]
         total = sum(histogram)
         per_position = [sum(histogram[p:]) / total for p in range(1, width)] if total else []
-        ideal = ideal_speedup(acceptance, k, draft_cost) if acceptance is not None and k else None
+        stepped = [s for s in spec if s.steps]
+        per_step = sum(s.output_tokens for s in stepped) / sum(s.steps for s in stepped) if stepped else None
+        cost = step_cost(spec, base)
+        if method in ADAPTIVE_METHODS:
+            # drafts vary in number from step to step: free verification would give tokens-per-step
+            ideal = per_step
+        else:
+            ideal = ideal_speedup(acceptance, k, draft_cost) if acceptance is not None and k else None
         t = lossless_t(spec, base)
-        judged = verdict(acceptance, speedup)
+        judged = verdict(acceptance, speedup, method, per_step, cost)
         if t is not None and abs(t) > T_LIMIT:
             judged = f"NOT LOSSLESS: speculation changed what was sampled at T > 0 (t = {t:.1f}); no speed-up to report, run `termchat doctor --verify`"
         results.append(
@@ -161,13 +186,16 @@ def summarize(samples: list[Sample], k: int | None, draft_cost: float) -> list[C
                 verdict=judged,
                 samples=len(spec),
                 lossless_t=t,
+                repeat_speedup=repeat,
+                tokens_per_step=per_step,
+                step_cost=cost,
             )
         )
     return results
 
 
 def _cells(rows: list[tuple[str, CategoryResult]], label: str) -> list[list[str]]:
-    head = ([label] if label else []) + ["category", "spec tok/s", "base tok/s", "speed-up", "per-prompt", "accept", "len", "ideal (reached)", "verdict"]
+    head = ([label] if label else []) + ["category", "spec tok/s", "base tok/s", "speed-up", "per-prompt", "repeat", "accept", "len", "ideal (reached)", "verdict"]
     lines = [head]
     for value, r in rows:
         acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
@@ -181,6 +209,7 @@ def _cells(rows: list[tuple[str, CategoryResult]], label: str) -> list[list[str]
                 f"{r.base_tps[1]:.1f} [{r.base_tps[0]:.1f}-{r.base_tps[2]:.1f}]",
                 f"{r.speedup:.2f}x" if r.lossless else "-",
                 f"{r.speedup_spread[0]:.2f}-{r.speedup_spread[2]:.2f}" if r.lossless else "-",
+                f"{r.repeat_speedup:.2f}x" if r.repeat_speedup is not None and r.lossless else "-",
                 acc,
                 length,
                 ideal,

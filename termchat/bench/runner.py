@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 import time
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from termchat.bench.prompts import BenchPrompt
@@ -109,6 +108,8 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
                     spec_steps=stats.spec_steps,
                     histogram=stats.acceptance_histogram,
                     temperature=value,
+                    run=run,
+                    steps=stats.steps,
                     mean_logprob=sum(stream.token_logprobs) / len(stream.token_logprobs) if stream.token_logprobs else None,
                 )
             )
@@ -131,31 +132,51 @@ def _start(profile: Profile, progress: Progress):
     return engine
 
 
-def run(profile: Profile, prompts: list[BenchPrompt], runs: int, max_tokens: int, temperatures: list[float | None], ks: list[int | None], on_engine: Callable[[Profile], None] | None = None) -> dict[Condition, list[Sample]]:
-    """Samples per condition: each holds its speculative and baseline samples."""
-    if profile.is_remote:
-        raise UserError(f"profile '{profile.name}' is a remote endpoint: the bench must start the engine itself to compare with and without speculation. Bench a local profile, or run termchat on the server")
-    if not profile.speculative:
-        raise UserError(f"profile '{profile.name}' has no speculation to measure; add [profiles.{profile.name}.speculative]")
+def baseline_key(profile: Profile) -> str:
+    """Profiles that differ only in speculation share one baseline engine."""
+    plain = replace(profile.without_speculation(), name="", description="", source="", theme=None)
+    return repr(plain)
+
+
+def run(profiles: list[Profile], prompts: list[BenchPrompt], runs: int, max_tokens: int, temperatures: list[float | None], ks: list[int | None]) -> dict[str, dict[Condition, list[Sample]]]:
+    """Samples per profile and condition: each holds its speculative and baseline samples.
+
+    The no-speculation baseline runs once per model configuration, however
+    many profiles share it; a profile without speculation is measured as
+    that baseline (its speed-up is 1.0 by definition)."""
+    for profile in profiles:
+        if profile.is_remote:
+            raise UserError(f"profile '{profile.name}' is a remote endpoint: the bench must start the engine itself to compare with and without speculation. Bench a local profile, or run termchat on the server")
+    speculative = [p for p in profiles if p.speculative]
+    if not speculative:
+        raise UserError(f"none of {', '.join(p.name for p in profiles)} speculates; add [profiles.NAME.speculative] to one of them")
+    groups: dict[str, list[Profile]] = {}
+    for profile in profiles:
+        groups.setdefault(baseline_key(profile), []).append(profile)
     per_engine = len(prompts) * runs * len(temperatures)
-    progress = Progress(per_engine * (len(ks) + 1), len(ks) + 1)
-    results: dict[Condition, list[Sample]] = {}
-    for k in ks:
-        spec_profile = profile if k is None else replace(profile, speculative={**profile.speculative, "num_speculative_tokens": k})
-        engine = _start(spec_profile, progress)
+    engines = len(speculative) * len(ks) + len(groups)
+    progress = Progress(per_engine * engines, engines)
+    results: dict[str, dict[Condition, list[Sample]]] = {p.name: {} for p in profiles}
+    for members in groups.values():
+        for profile in [p for p in members if p.speculative]:
+            for k in ks:
+                spec_profile = profile if k is None else replace(profile, speculative={**profile.speculative, "num_speculative_tokens": k})
+                engine = _start(spec_profile, progress)
+                try:
+                    for temperature in temperatures:
+                        condition = Condition(k, temperature)
+                        results[profile.name][condition] = _requests(engine, profile, prompts, runs, max_tokens, temperature, True, progress, f"{profile.name} {condition.label()}")
+                finally:
+                    engine.stop()
+        first = members[0]
+        engine = _start(first.without_speculation(), progress)
         try:
             for temperature in temperatures:
-                condition = Condition(k, temperature)
-                results[condition] = _requests(engine, profile, prompts, runs, max_tokens, temperature, True, progress, condition.label())
+                baseline = _requests(engine, first, prompts, runs, max_tokens, temperature, False, progress, f"baseline T={'auto' if temperature is None else temperature}")
+                for profile in members:
+                    for k in ks if profile.speculative else [None]:
+                        results[profile.name].setdefault(Condition(k, temperature), []).extend(baseline)
         finally:
             engine.stop()
-    engine = _start(profile.without_speculation(), progress)
-    try:
-        for temperature in temperatures:
-            baseline = _requests(engine, profile, prompts, runs, max_tokens, temperature, False, progress, f"baseline T={'auto' if temperature is None else temperature}")
-            for k in ks:
-                results[Condition(k, temperature)] += baseline
-    finally:
-        engine.stop()
     progress.say(f"done in {(time.monotonic() - progress.started) / 60:.1f} min")
     return results

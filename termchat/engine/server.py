@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import importlib.util
 import ipaddress
 import json
 import os
@@ -218,6 +219,11 @@ class ManagedEngine(Engine):
     @classmethod
     def launch(cls, profile: Profile, log_dir: Path | None = None) -> ManagedEngine:
         """Start the server and return at once; call wait_ready() next."""
+        if profile.method == "suffix" and importlib.util.find_spec("arctic_inference") is None:
+            raise EngineError(
+                f"profile '{profile.name}' uses suffix decoding, which needs the arctic-inference package: "
+                "`python3 -m termchat.bootstrap setup` builds it, or pick another profile (local-ngram, local-plain)"
+            )
         port, key = free_port(), secrets.token_urlsafe(24)
         cmd = server_command(profile, port)
         log_dir = paths.private_dir(log_dir or paths.logs_dir())

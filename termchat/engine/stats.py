@@ -52,6 +52,11 @@ class ReplyStats:
         return asdict(self)
 
     @property
+    def tokens_per_step(self) -> float | None:
+        """Output tokens per engine step: what speculation gains, whatever the method."""
+        return self.output_tokens / self.steps if self.steps else None
+
+    @property
     def context_tokens(self) -> int:
         """What the conversation now fills of the model's context."""
         return (self.prompt_tokens or 0) + self.output_tokens

@@ -19,7 +19,9 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Footer, Static
 
 from termchat import paths
+from termchat.advisor import ADAPTIVE_METHODS
 from termchat.attach import fenced_file
+from termchat.bench import results as bench_results
 from termchat.conversation import Conversation, TemperatureChoice, parse_temperature
 from termchat.engine import server
 from termchat.engine import stats as stats_mod
@@ -275,7 +277,7 @@ class TermchatApp(App):
         if p.speculative:
             draft = p.speculative.get("model") or p.method
             draft += f" k={p.num_speculative_tokens}"
-        self.status(profile=p.name, model=p.model or p.endpoint or "", draft=draft, context_max=p.max_model_len, context_used=None, acceptance=None, mean_length=None, tokens_per_s=None, temperature=None)
+        self.status(profile=p.name, model=p.model or p.endpoint or "", draft=draft, context_max=p.max_model_len, context_used=None, acceptance=None, mean_length=None, tokens_per_s=None, temperature=None, method=p.method, step_cost=bench_results.step_cost(p.name), tokens_per_step=None)
 
     def _panel(self, title: str, body: str = "", failed: bool = False) -> None:
         panel = self.query_one("#engine-panel")
@@ -395,8 +397,13 @@ class TermchatApp(App):
         sent, shown = time.monotonic(), 0.0
 
         def partial() -> ReplyStats:
-            """Live figures from step sizes; the server's exact ones come with the last chunk."""
-            return stats_mod.compute(steps, sent, profile.num_speculative_tokens, temperature=choice.value)
+            """Live figures from step sizes; the server's exact ones come with the last chunk.
+            Tokens per step are exact for every method; an acceptance rate needs the
+            number of drafts proposed, which step sizes give only for fixed-k methods."""
+            live = stats_mod.compute(steps, sent, profile.num_speculative_tokens, temperature=choice.value)
+            if profile.method in ADAPTIVE_METHODS:
+                live.acceptance_rate = None
+            return live
 
         async def on_step(step: Step) -> None:
             nonlocal shown
@@ -408,7 +415,7 @@ class TermchatApp(App):
             if step.at - shown > 0.25:
                 shown = step.at
                 live = partial()
-                self.status(tokens_per_s=live.decode_tokens_per_s, acceptance=live.acceptance_rate, mean_length=live.mean_acceptance_length)
+                self.status(tokens_per_s=live.decode_tokens_per_s, acceptance=live.acceptance_rate, mean_length=live.mean_acceptance_length, tokens_per_step=live.tokens_per_step)
 
         def waiting() -> None:  # a silent endpoint is visible, second by second
             if not steps:
@@ -431,10 +438,10 @@ class TermchatApp(App):
             self._ids(view, recorder)
             view.cut = True
             cut = partial() if steps else None
-            gone = self.engine is None or not self.engine.alive()
+            gone = not await self._still_alive()
             await view.finish(cut, "✗ the engine stopped mid-reply; the partial reply is kept" if gone else f"✗ {exc}", "failed")
             self._after_reply(cut)
-            self._engine_failed(str(exc))
+            self._engine_failed(str(exc), gone)
             return
         except UserError as exc:
             self._ids(view, recorder)
@@ -464,13 +471,24 @@ class TermchatApp(App):
                 tokens_per_s=stats.decode_tokens_per_s,
                 acceptance=stats.acceptance_rate,
                 mean_length=stats.mean_acceptance_length,
+                tokens_per_step=stats.tokens_per_step,
                 context_used=stats.context_tokens,
                 history=history,
             )
         self.status(**changes)
 
-    def _engine_failed(self, message: str) -> None:
-        if self.engine is not None and self.engine.alive():
+    async def _still_alive(self, seconds: float = 1.0) -> bool:
+        """Is the engine still up after a broken reply? (a killed engine's socket
+        can close a moment before its process is seen to end)"""
+        end = time.monotonic() + seconds
+        while self.engine is not None and self.engine.alive():
+            if time.monotonic() > end:
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    def _engine_failed(self, message: str, gone: bool | None = None) -> None:
+        if self.engine is not None and not gone and self.engine.alive():
             # the engine is up but this reply broke (a malformed stream, an error, a timeout)
             self.status(engine="ready")
             self.notify(message, severity="error", timeout=20)

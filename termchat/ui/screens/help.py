@@ -31,9 +31,12 @@ class HelpScreen(ModalScreen):
 
     def compose(self):
         status = (
-            "Acceptance = accepted draft tokens / proposed. **Red** below 40%: speculation costs "
-            "more than it gives. **Yellow** 40-60%: a moderate gain. **Green** 60% and above: a strong gain. "
-            "`len` is the mean acceptance length (tokens per verification step). `T` is the temperature used; "
+            "Acceptance = accepted draft tokens / proposed (`acc ~` while a reply streams: from step sizes). "
+            "For draft models, EAGLE and MTP it is coloured by the rules of thumb: **red** below 40% "
+            "(speculation costs more than it gives), **yellow** 40-60% (a moderate gain), **green** from 60%. "
+            "ngram and suffix propose only where they find a match, so their rate is not comparable: "
+            "`len` (mean acceptance length, tokens per verification step) is coloured instead, against what a "
+            "step costs on this engine as `termchat bench` measured it. `T` is the temperature used; "
             "`↓code` means it was lowered because the prompt is about code."
         )
         with VerticalScroll():

@@ -8,6 +8,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
+from termchat.bench import results as bench_results
 from termchat.models import short_name
 from termchat.profiles import Profile
 from termchat.ui.text import plain
@@ -26,6 +27,12 @@ def describe(index: int, profile: Profile, current: str) -> str:
     return f"{key} {mark} {profile.name:<15} {target:<44.44} {draft}"
 
 
+def measured(name: str) -> str:
+    """A second line with the profile's last measured speed-ups, when there are any."""
+    found = bench_results.summary(name)
+    return f"\n      last bench: {found}" if found else ""
+
+
 class ProfilePicker(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
     DEFAULT_CSS = """
@@ -42,8 +49,8 @@ class ProfilePicker(ModalScreen[str | None]):
 
     def compose(self):
         with Vertical():
-            yield Label("Switch profile: Enter picks, Escape cancels. Alt+1..9 switch directly from the chat.")
-            yield OptionList(*[Option(plain(describe(i, p, self.current)), id=name) for i, (name, p) in enumerate(self.profiles.items())])
+            yield Label("Switch profile: Enter picks, Escape cancels. Alt+1..9 switch directly from the chat. Speed-ups: `termchat bench --profile NAME`.")
+            yield OptionList(*[Option(plain(describe(i, p, self.current) + measured(name)), id=name) for i, (name, p) in enumerate(self.profiles.items())])
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)

@@ -1,8 +1,11 @@
 """The status bar: is speculation paying, right now?
 
-Acceptance is coloured by the design's thresholds: below 40% speculation costs
-more than it gives (red), 40-60% is a moderate gain (yellow), 60% and above a
-strong one (green).
+The colour comes from the rule that fits the method (advisor.band): for
+fixed-k methods (draft models, EAGLE, MTP) the acceptance rate against the
+article's bands (red below 40%, yellow 40-60%, green from 60%); for ngram and
+suffix, which propose only where they find a match, the tokens per step
+against what a step costs on this engine (from the last `termchat bench` of
+the profile; no colour until it has been measured).
 """
 
 from __future__ import annotations
@@ -13,13 +16,10 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Sparkline, Static
 
+from termchat.advisor import ADAPTIVE_METHODS, band
 from termchat.models import short_name
 
-LOW, HIGH = 0.40, 0.60
-
-
-def acceptance_style(rate: float) -> str:
-    return "$error" if rate < LOW else "$warning" if rate < HIGH else "$success"
+LEVEL_STYLE = {"low": "bold $error", "moderate": "bold $warning", "strong": "bold $success"}
 
 
 @dataclass
@@ -37,6 +37,9 @@ class StatusInfo:
     auto_temperature: bool = True
     context_used: int | None = None
     context_max: int | None = None
+    method: str | None = None
+    step_cost: float | None = None  # measured by the bench for this profile
+    tokens_per_step: float | None = None
     history: list[float] = field(default_factory=list)
 
 
@@ -52,11 +55,14 @@ def render(info: StatusInfo) -> Content:
     if info.tokens_per_s is not None:
         label = "live " if info.live else ""
         parts.append(Content(f"{label}{info.tokens_per_s:.1f} tok/s"))
+    level, _ = band(info.method, info.acceptance, info.tokens_per_step, info.step_cost)
+    style = LEVEL_STYLE.get(level, "bold")
+    adaptive = info.method in ADAPTIVE_METHODS
     if info.acceptance is not None:
         # while streaming: derived from step sizes (~); after the reply: the server's exact figure
-        parts.append(Content.assemble("acc ~" if info.live else "acc ", (f"{info.acceptance:.0%}", f"bold {acceptance_style(info.acceptance)}")))
+        parts.append(Content.assemble("acc ~" if info.live else "acc ", (f"{info.acceptance:.0%}", "bold" if adaptive else style)))
     if info.mean_length is not None:
-        parts.append(Content(f"len {info.mean_length:.2f}"))
+        parts.append(Content.assemble("len ~" if info.live else "len ", (f"{info.mean_length:.2f}", style if adaptive else "")))
     if info.temperature is not None:
         mark = " ↓code" if info.lowered else ""
         parts.append(Content(f"T {info.temperature:g}{mark}"))

@@ -1,0 +1,55 @@
+"""The last measured speed-ups of each profile, kept so that choosing a profile is informed.
+
+`termchat bench` (built-in prompts, automatic temperature) writes one small
+file per profile in the state folder; the profile picker reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from termchat import paths
+
+
+def _file(profile_name: str):
+    return paths.state_dir() / "bench" / f"{profile_name}.json"
+
+
+def remember(profile_name: str, categories: list[dict], runs: int, max_tokens: int) -> None:
+    """Keep the speed-ups (and the measured step cost) of a bench of this profile."""
+    from termchat.verify import T_LIMIT
+
+    # a category where speculation changed the sampling has no speed-up to remember
+    speedups = {c["category"]: round(c["speedup"], 2) for c in categories if c.get("lossless_t") is None or abs(c["lossless_t"]) <= T_LIMIT}
+    try:
+        path = paths.private_file(_file(profile_name))
+        costs = sorted(c["step_cost"] for c in categories if c.get("step_cost"))
+        step = costs[len(costs) // 2] if costs else None
+        path.write_text(json.dumps({"when": time.time(), "runs": runs, "max_tokens": max_tokens, "speedups": speedups, "step_cost": step}))
+    except OSError:
+        pass  # a convenience for the picker, never a failure of the bench
+
+
+def remembered(profile_name: str) -> dict[str, float]:
+    """category -> speed-up from the last bench of this profile ({} if none)."""
+    try:
+        data = json.loads(_file(profile_name).read_text())
+        return {str(k): float(v) for k, v in data["speedups"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def summary(profile_name: str) -> str:
+    """'code 1.34x · chat 0.92x ...' or '' (for the picker)."""
+    found = remembered(profile_name)
+    return " ".join(f"{category} {value:.2f}x" for category, value in found.items())
+
+
+def step_cost(profile_name: str) -> float | None:
+    """A speculative step's time over a plain step's, as the last bench measured it."""
+    try:
+        value = json.loads(_file(profile_name).read_text()).get("step_cost")
+        return float(value) if value else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
