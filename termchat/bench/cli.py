@@ -120,7 +120,7 @@ def cmd_bench(args) -> int:
             rows += [(value, r) for r in summary]
             conditions.append({"k": k, "temperature": condition.temperature if condition.temperature is not None else "auto", "categories": [r.to_dict() for r in summary]})
         per_profile[profile.name] = {"model": profile.model, "speculative": profile.speculative, "draft_cost": c, "conditions": conditions}
-        if not args.prompts and temperatures == [None] and ks == [None]:
+        if profile.speculative and not args.prompts and temperatures == [None] and ks == [None]:
             results_store.remember(profile.name, conditions[0]["categories"], args.runs, args.max_tokens)
     described = ", ".join(f"{p.name} ({p.method + ' k=' + str(p.num_speculative_tokens) if p.speculative else 'no speculation'})" for p in profiles)
     header = (

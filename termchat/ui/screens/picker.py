@@ -49,7 +49,7 @@ class ProfilePicker(ModalScreen[str | None]):
 
     def compose(self):
         with Vertical():
-            yield Label("Switch profile: Enter picks, Escape cancels. Alt+1..9 switch directly from the chat. Speed-ups: `termchat bench --profile NAME`.")
+            yield Label("Switch profile: Enter picks, Escape cancels, Alt+1..9 from the chat. Speed-ups: termchat bench.")
             yield OptionList(*[Option(plain(describe(i, p, self.current) + measured(name)), id=name) for i, (name, p) in enumerate(self.profiles.items())])
 
     def on_mount(self) -> None:
