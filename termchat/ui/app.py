@@ -436,10 +436,10 @@ class TermchatApp(App):
             raise
         except ReplyInterrupted as exc:
             self._ids(view, recorder)
-            view.cut = True
             cut = partial() if steps else None
             gone = not await self._still_alive()
             await view.finish(cut, "✗ the engine stopped mid-reply; the partial reply is kept" if gone else f"✗ {exc}", "failed")
+            view.cut = True
             self._after_reply(cut)
             self._engine_failed(str(exc), gone)
             return
