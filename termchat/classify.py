@@ -1,10 +1,21 @@
 """Is a prompt about code? -> which temperature to use.
 
 Low temperature keeps speculation's acceptance rate high, and code wants it
-anyway, so code prompts use the profile's `code_temperature`. The rules, in
-order: a code fence; a file name with a source extension; lines that look
-like source (checked with pygments' lexer guessing); programming vocabulary in
-English or French (strong words count 2, weak ones 1; 2 makes code).
+anyway, so code prompts use the profile's `code_temperature`.
+
+The detector generalizes instead of listing languages one by one:
+- certain signs: a code fence; a file name whose extension a pygments lexer
+  claims; lines that look like source;
+- languages, tools and formats: every pygments lexer's name and aliases
+  (plus a few tools pygments has no lexer for), weighed down when the name
+  is also an ordinary word (python, java, rust, go, shell...);
+- the shape of a programming request: a request verb before an artefact of
+  code (write a function, crée une ressource, add a unit test...);
+- programming vocabulary and identifiers (snake_case, camelCase, call(),
+  KeyError), in English and French;
+- creative genres (poem, story, chanson...) count against.
+A score of 2 makes code. `python -m termchat.bench.classify_eval` measures it
+on a labelled set with a held-out part.
 """
 
 from __future__ import annotations
@@ -12,38 +23,75 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
+from functools import cache
 
-from pygments.lexers import guess_lexer
+from pygments.lexers import get_all_lexers, guess_lexer
 from pygments.util import ClassNotFound
 
-EXTENSIONS = (
-    "py pyi ipynb js mjs cjs ts tsx jsx rs go java kt kts scala c h cc cpp cxx hpp cs rb php pl pm lua r jl "
-    "swift m mm sh bash zsh fish ps1 bat sql toml yaml yml json xml html htm css scss sass vue svelte dart "
-    "ex exs erl hs ml mli clj elm zig nim v sv vhd tf proto gradle cmake mk dockerfile makefile lock ini cfg"
-).split()
-FILE_NAME = re.compile(r"(?<![\w/])[\w./-]+\.(" + "|".join(EXTENSIONS) + r")\b|\b(Dockerfile|Makefile|CMakeLists\.txt)\b", re.I)
-
-STRONG = {
+# lexer aliases that are mostly ordinary words (English or French): not a sign
+COMMON_WORDS = set(
+    "text output email arrow art as at be berry bugs clay clean coffee do dot factor fancy fish flo forth gap gas icon io "
+    "kid less limbo liquid logos make man mask mason maple monkey moon moo pan pawn peg pig pike pot reason rest ride sage "
+    "salt silver slash slim spec spice squid tea teal turtle zone boa chapel dylan felix monte nit rita sophia savi jasmin "
+    "hare odin opa org http bc idl pas ms po sc sp st eg ex nb ti cp cr cs hs jl jp pl rb rd rs sh sv td tf ts wl xq "
+    "fan irc mime md nt nsh rout tap tid tls tnt ttl usd wat zeek cel cry duel fif func ik kal lid ml mf peg q k j "
+    "react bare basic carbon crystal elm lean pony red racket scheme unicon xten apache console spice tal gd ec".split()
+)
+# language names that are also ordinary nouns or names: half the weight
+AMBIGUOUS = set(
+    "python java ruby rust swift julia go dart perl ada eiffel elixir shell docker batch "
+    "spring flask node pip helm cargo rails jest mocha angular hypothesis yarn cypress selenium playwright kafka pandas maven".split()
+)
+# tools and formats pygments has no lexer for, or names under another spelling
+TOOLS = set(
+    "kubernetes k8s terraform ansible helm jq git github gitlab npm yarn pnpm pip cargo webpack vite eslint prettier "
+    "pytest jest junit mocha vitest rails flask fastapi spring angular svelte nextjs next.js node node.js nodejs pandas "
+    "scipy pytorch tensorflow postgres postgresql sqlite redis kafka mongodb elasticsearch graphql grpc protobuf vba "
+    "cron crontab systemd dockerfile wasm webassembly gcc clang gradle maven xcode flutter dotnet .net laravel symfony "
+    "selenium playwright cypress regex regexp grep powershell vscode hypothesis asyncio goroutine flexbox".split()
+)
+ARTEFACTS = set(
     # English
-    "refactor", "refactoring", "traceback", "stacktrace", "segfault", "regex", "regexp", "compile", "compiler",
-    "compiles", "debug", "debugging", "function", "functions", "method", "class", "api", "sql", "query", "python",
-    "javascript", "typescript", "rust", "golang", "java", "kotlin", "c++", "c#", "bash", "shell", "git", "docker",
-    "json", "yaml", "jest", "pytest", "unittest", "junit", "vitest", "mocha", "npm", "pip", "cargo", "implement",
-    "algorithm", "snippet", "bug", "exception", "null", "nullpointerexception", "undefined", "async", "await",
-    "endpoint", "dockerfile", "kubernetes", "html", "css", "react", "django", "flask", "numpy", "pandas", "linter",
-    "lint", "typescript's", "repository", "commit", "variable", "variables", "recursion", "recursive", "struct",
-    "enum", "interface", "lambda", "iterator", "def", "const", "printf", "stdout", "stderr", "cli",
+    "function functions method methods class classes query queries regex kernel resource resources script scripts test "
+    "tests migration migrations module modules shader contract predicate playbook macro procedure endpoint component "
+    "widget decorator parser lexer compiler interpreter struct interface schema config workflow pipeline routine "
+    "subroutine one-liner command snippet program library package api cli handler middleware hook trait enum variable "
+    "loop array algorithm cache benchmark fixture mock stub lambda closure callback thread coroutine iterator generator "
+    "template controller database column index string dictionary list tuple target unit file code job unit-test "
     # French
-    "fonction", "fonctions", "méthode", "méthodes", "classe", "requête", "déboguer", "débogue", "débogage",
-    "bogue", "compiler", "compile", "implémente", "implémenter", "algorithme", "tableau", "boucle", "récursif",
-    "récursive", "dépôt", "variable",
-}
-WEAK = {
-    "code", "test", "tests", "error", "errors", "script", "loop", "array", "list", "string", "install", "build",
-    "deploy", "server", "database", "program", "programme", "file", "fix", "crash", "type", "types", "library",
-    "module", "package", "écris", "écrire", "corrige", "erreur", "fichier", "bibliothèque", "chaîne", "liste",
-    "serveur", "programme", "unitaire", "unitaires", "optimise", "optimize",
-}
+    "fonction fonctions méthode méthodes classe classes requête requêtes ressource noyau contrat prédicat procédure "
+    "composant décorateur analyseur schéma programme bibliothèque commande boucle tableau algorithme colonne chaîne "
+    "liste dictionnaire fichier code".split()
+)
+ARTEFACT_PHRASES = ("regular expression", "expression régulière", "unit test", "test unitaire", "stored procedure", "procédure stockée", "linked list", "liste chaînée", "data structure", "structure de données", "hash map", "binary tree", "list comprehension", "compréhension de liste", "config file", "fichier de configuration")
+REQUEST_VERBS = set(
+    "write create implement generate add build make fix debug refactor optimize optimise convert define setup set configure "
+    "rewrite port mock parse validate explain deploy profile "
+    "écris écrire écrivez crée créer créez implémente implémenter génère générer ajoute ajouter corrige corriger optimise "
+    "optimiser convertis convertir définis définir configure configurer réécris débogue déboguer refactorise explique déploie".split()
+)
+VOCABULARY = set(
+    # English
+    "refactor refactoring traceback stacktrace segfault segmentation compile compiler compiles compiling debug debugging "
+    "linker runtime exception exceptions malloc pointer pointers mutex deadlock async await nullpointerexception null "
+    "undefined recursion recursive memoization memoize endpoint repository commit linter lint stdout stderr printf "
+    "iterator borrow checker goroutine coroutine threads boolean integer integers float floats bytes dataframe "
+    "implementation algorithm quicksort mergesort o(n) complexity http json yaml sql html css regex unittest "
+    # French
+    "déboguer débogue débogage bogue compiler compile algorithme récursif récursive dépôt mémoïsation complexité "
+    "exception entiers booléen".split()
+)
+VOCABULARY_PHRASES = (
+    "binary search", "recherche dichotomique", "time complexity", "big o", "hash table", "table de hachage", "stack trace",
+    "memory leak", "fuite de mémoire", "race condition", "borrow checker", "null pointer", "reverse proxy", "pull request",
+)
+WEAK = set("error errors bug crash install build deploy server type types optimize erreur serveur installer unitaire unitaires".split())
+GENRES = set(
+    "poem poems poetry haiku sonnet limerick story stories tale novel song songs chorus lyrics toast speech letter essay "
+    "play screenplay poème poésie haïku histoire conte roman chanson chansons refrain paroles discours lettre théâtre".split()
+)
+IDENTIFIER = re.compile(r"\b[a-z]+(?:_[a-z0-9]+)+\b|\b[a-z]+[A-Z][a-zA-Z]+\b|\b\w+\(\)|\b[A-Z]\w*(?:Error|Exception)\b|(?<!\w)--[a-z][\w-]+|\b\w+\.(?:js|ts|py)\b")
+
 CODE_LINE = re.compile(
     r"^\s*(def |class |import |from \S+ import|function |const |let |var |#include|public |private |fn |func |package |return\b|if \(|for \(|while \()"
     r"|[;{}]\s*$|^\s{4,}\S|=>|->|::|\w+\([^)]*\)\s*[{:]?\s*$"
@@ -58,6 +106,22 @@ class Classification:
     @property
     def is_code(self) -> bool:
         return self.kind == "code"
+
+
+@cache
+def _lexer_vocabulary() -> tuple[frozenset[str], re.Pattern]:
+    """Language names and aliases, and a file-name pattern of their extensions, from pygments."""
+    names, extensions = set(), set()
+    for name, aliases, patterns, _ in get_all_lexers():
+        for word in (name.lower(), *(a.lower() for a in aliases)):
+            if " " not in word and word not in COMMON_WORDS and len(word) > 1:
+                names.add(word)
+        for pattern in patterns:
+            match = re.fullmatch(r"\*\.([A-Za-z0-9+_-]{1,12})", pattern)
+            if match and match.group(1).lower() not in ("txt", "text", "md", "log", "csv", "pdf"):
+                extensions.add(re.escape(match.group(1).lower()))
+    file_name = re.compile(r"(?<![\w/])[\w./-]+\.(" + "|".join(sorted(extensions, key=len, reverse=True)) + r")\b|\b(Dockerfile|Makefile|CMakeLists\.txt)\b", re.I)
+    return frozenset(names | TOOLS), file_name
 
 
 COMMON_LANGUAGES = {"Python", "JavaScript", "TypeScript", "Rust", "Go", "Java", "C", "C++", "C#", "Ruby", "PHP", "Bash", "SQL", "Kotlin", "Swift", "HTML", "CSS", "JSON", "YAML", "TOML"}
@@ -75,26 +139,58 @@ def _language(lines: list[str]) -> str:
 
 def _words(prompt: str) -> list[str]:
     text = unicodedata.normalize("NFC", prompt.lower())
-    return re.findall(r"[\w+#']+", text)
+    return re.findall(r"[\w+#.'-]*[\w+#]", text)
+
+
+def _score(prompt: str) -> tuple[int, list[str]]:
+    names, _ = _lexer_vocabulary()
+    words = [w.strip("'.") for w in _words(prompt)]
+    lowered = " ".join(words)
+    found: list[str] = []
+    score = 0
+    languages = {w for w in words if w in names} | ({"c"} if re.search(r"(?<![\w.])C(?![\w#+])", prompt) else set())
+    for language in sorted(languages):
+        weight = 1 if language in AMBIGUOUS or len(language) == 1 else 2
+        score += weight
+        found.append(language)
+    artefacts = [i for i, w in enumerate(words) if w in ARTEFACTS]
+    phrases = [p for p in ARTEFACT_PHRASES if p in lowered]
+    if artefacts or phrases:
+        score += 1
+        found += [words[i] for i in artefacts[:2]] + phrases[:1]
+    verbs = [i for i, w in enumerate(words) if w in REQUEST_VERBS]
+    if any(0 < a - v <= 5 for v in verbs for a in artefacts) or (verbs and phrases):
+        score += 1
+        found.append("request shape")
+    vocabulary = sorted({w for w in words if w in VOCABULARY} | set(IDENTIFIER.findall(prompt)) | {p for p in VOCABULARY_PHRASES if p in lowered})
+    if vocabulary:
+        score += 2
+        found += vocabulary[:2]
+    weak = sorted({w for w in words if w in WEAK})
+    score += min(len(weak), 1)
+    found += weak[:1]
+    genres = sorted({w for w in words if w in GENRES})
+    if genres:
+        score -= 2
+        found.append("not: " + genres[0])
+    return score, found
 
 
 def classify(prompt: str) -> Classification:
     if "```" in prompt or "~~~" in prompt:
         return Classification("code", "code fence")
-    name = FILE_NAME.search(prompt)
+    _, file_name = _lexer_vocabulary()
+    name = file_name.search(prompt)
     if name:
         return Classification("code", f"file name {name.group(0)}")
     lines = [line for line in prompt.splitlines() if line.strip()]
     code_lines = [line for line in lines if CODE_LINE.search(line)]
     if len(code_lines) >= 2 and len(code_lines) * 2 >= len(lines) - 1:
         return Classification("code", f"source lines{_language(code_lines)}")
-    words = _words(prompt)
-    strong = sorted({w for w in words if w in STRONG})
-    weak = sorted({w for w in words if w in WEAK})
-    score = 2 * len(strong) + len(weak)
+    score, found = _score(prompt)
     if score >= 2:
-        return Classification("code", "words: " + ", ".join(strong + weak))
-    return Classification("text", "no code signs")
+        return Classification("code", "signs: " + ", ".join(found))
+    return Classification("text", "no code signs" if not found else "too few code signs: " + ", ".join(found))
 
 
 def temperature_for(prompt: str, temperature: float, code_temperature: float, auto: bool = True) -> tuple[float, Classification]:
