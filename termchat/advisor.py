@@ -19,6 +19,7 @@ from pathlib import Path
 
 from termchat import models
 from termchat.profiles import Profile
+from termchat.speculation import ADAPTIVE_METHODS
 
 GIB = 1024**3
 
@@ -30,7 +31,6 @@ ACCEPTANCE_LOW, ACCEPTANCE_HIGH = 0.40, 0.60
 # many tokens as they trust, so their acceptance rate is not comparable with a
 # fixed-k rate. What holds for every method: tokens gained per verification
 # step against what a step costs, measured on this engine (the bench does).
-ADAPTIVE_METHODS = ("ngram", "suffix")
 
 
 def band(method: str | None, acceptance: float | None, tokens_per_step: float | None = None, step_cost: float | None = None) -> tuple[str | None, str]:
@@ -162,22 +162,22 @@ def is_cpu_profile(profile: Profile) -> bool:
 def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
     gpu_list = gpus() if gpu_list is None else gpu_list
     findings: list[Finding] = []
-    spec = profile.speculative or {}
-    method = spec.get("method")
-    draft = spec.get("model") if method == "draft_model" else None
+    spec = profile.speculative
+    method = spec.method if spec else None
+    draft = spec.model if method == "draft_model" else None
     cpu = is_cpu_profile(profile)
 
     # hardware and memory (case 1)
     if profile.is_remote:
         findings.append(Finding("info", "hardware", f"remote endpoint {profile.endpoint}: its memory is the server's business; nothing runs here"))
-        from termchat.engine.server import plain_http_warning
+        from termchat.engine.endpoint import plain_http_warning
 
         if plain_http_warning(profile):
             findings.append(Finding("warning", "security", plain_http_warning(profile)))
     elif not gpu_list and cpu:
         findings.append(Finding("info", "hardware", "no GPU found (nvidia-smi lists none): the engine runs on the CPU; the bench, not the GPU rules, decides what pays"))
     elif not gpu_list:
-        need = (weights_gib(profile.model, profile.quantization) or 0) + (weights_gib(draft, spec.get("quantization")) or 0 if draft else 0)
+        need = (weights_gib(profile.model, profile.quantization) or 0) + (weights_gib(draft, spec.options.get("quantization")) or 0 if draft else 0)
         size = f" (~{need:.0f} GiB of weights)" if need else ""
         findings.append(Finding("warning", "hardware", f"no GPU found (nvidia-smi lists none), and this profile is written for GPUs{size}. Run it on a GPU machine, point `endpoint` at one, or use the CPU profile `local`"))
     else:
@@ -186,7 +186,7 @@ def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
         listing = ", ".join(f"{g.name} {g.free_mib / 1024:.0f}/{g.total_mib / 1024:.0f} GiB free" for g in gpu_list)
         findings.append(Finding("info", "hardware", f"{len(gpu_list)} GPU(s): {listing}"))
         target = weights_gib(profile.model, profile.quantization)
-        draft_size = weights_gib(draft, spec.get("quantization")) if draft else 0.0
+        draft_size = weights_gib(draft, spec.options.get("quantization")) if draft else 0.0
         if target is not None and draft_size is not None and usable:
             need = target + draft_size
             free = sum(g.free_mib for g in usable) / 1024 * (profile.gpu_memory_utilization or 0.9)
@@ -215,7 +215,7 @@ def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
             findings.append(Finding("warning", "draft size (case 3)", f"the draft (~{draft_b:g}B) is {draft_b / target_b:.0%} of the target (~{target_b:g}B): above ~10% it costs too much per step. Pick a smaller draft of the same family"))
 
     # vocabulary
-    if draft and not spec.get("use_heterogeneous_vocab"):
+    if draft and not spec.options.get("use_heterogeneous_vocab"):
         a, b = vocab_size(profile.model), vocab_size(draft)
         fa, fb = family(profile.model), family(draft)
         if a and b and a != b:
@@ -225,7 +225,7 @@ def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
 
     # speculative tokens: every method that proposes k at a time (suffix proposes
     # only as many as it trusts, up to k; its documentation suggests 16-32)
-    k = spec.get("num_speculative_tokens") or 0
+    k = spec.k
     if k > 7 and method != "suffix":
         findings.append(Finding("warning", "speculative tokens", f"num_speculative_tokens = {k}: past 7 the later positions are rarely accepted and each step costs more. Try 3-7 (`termchat bench --num-speculative-tokens 3,5,7,9`)"))
     return findings

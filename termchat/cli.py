@@ -24,26 +24,11 @@ def _config(args):
 
 
 def _progress_printer():
-    """Engine start-up progress on stderr: one updating line on a terminal."""
-    tty = sys.stderr.isatty()
-    last = [0.0]
+    """(show, done) of one progress line on stderr."""
+    from termchat.progress import ProgressLine
 
-    def show(line: str) -> None:
-        import time
-
-        if tty:
-            sys.stderr.write("\r\x1b[K" + line[: 150])
-            sys.stderr.flush()
-        elif time.monotonic() - last[0] > 10:
-            last[0] = time.monotonic()
-            print(line, file=sys.stderr, flush=True)
-
-    def done() -> None:
-        if tty:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-
-    return show, done
+    line = ProgressLine()
+    return line.show, line.done
 
 
 # ---- profiles ---------------------------------------------------------------------------
@@ -54,7 +39,7 @@ def cmd_profiles_list(args) -> int:
     rows = [("NAME", "MODEL", "DRAFT", "METHOD", "K", "WHERE")]
     for name, p in config.profiles.items():
         mark = "*" if name == config.default_profile else " "
-        draft = (p.speculative or {}).get("model", "-")
+        draft = p.speculative.model if p.speculative and p.speculative.model else "-"
         rows.append((mark + name, p.endpoint or p.model, draft, p.method or "none", str(p.num_speculative_tokens or "-"), p.source))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -102,13 +87,15 @@ def cmd_models_list(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from termchat.engine import server
+    from termchat.engine import served
+    from termchat.engine.command import server_command
+    from termchat.engine.process import ManagedEngine
 
     profile = _config(args).get(args.profile)
     if profile.is_remote:
         raise UserError(f"profile '{profile.name}' points at a remote endpoint ({profile.endpoint}); there is nothing to serve here")
     if args.dry_run:
-        print(shlex.join(server.server_command(profile, args.port or "PORT", resolve_model=False)))
+        print(shlex.join(server_command(profile, args.port or "PORT", resolve_model=False)))
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in profile.env.items())
         print(f"# environment: {env + ' ' if env else ''}VLLM_API_KEY=<random, per start>")
         return 0
@@ -120,12 +107,12 @@ def cmd_serve(args) -> int:
     # SIGTERM, and SIGINT even where a shell started us with it ignored, stop cleanly
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, interrupt)
-    engine = server.ManagedEngine.launch(profile)
+    engine = ManagedEngine.launch(profile)
     try:
         engine.wait_ready(progress=show)
         done()
-        server.write_serve_state(engine)
-        print(f"serving profile '{profile.name}' at {engine.base_url} (API key in {server._serve_file(profile.name)}); log: {engine.log_path}", file=sys.stderr)
+        served.write_state(engine)
+        print(f"serving profile '{profile.name}' at {engine.base_url} (API key in {served.state_file(profile.name)}); log: {engine.log_path}", file=sys.stderr)
         print("termchat ask --profile " + profile.name + " attaches to it. Ctrl+C stops it.", file=sys.stderr)
         engine.process.wait()  # until Ctrl+C / SIGTERM, or the engine dies
         raise UserError(engine.describe_failure())
@@ -133,7 +120,7 @@ def cmd_serve(args) -> int:
         return 0
     finally:
         done()
-        server.remove_serve_state(profile.name)
+        served.remove_state(profile.name)
         engine.stop()
 
 
@@ -149,7 +136,8 @@ def terminal_text(text: str, is_terminal: bool) -> str:
 
 def cmd_ask(args) -> int:
     from termchat.conversation import Conversation, TemperatureChoice
-    from termchat.engine import server
+    from termchat.engine.connect import open_engine
+    from termchat.engine.endpoint import plain_http_warning
     from termchat.exchange import Recorder, exchange
     from termchat.store import Store, StoreError
 
@@ -171,9 +159,9 @@ def cmd_ask(args) -> int:
         store = None
 
     show, done = _progress_printer()
-    if server.plain_http_warning(profile):
-        print(f"termchat: warning: {server.plain_http_warning(profile)}", file=sys.stderr)
-    engine = server.open_engine(profile, progress=show)
+    if plain_http_warning(profile):
+        print(f"termchat: warning: {plain_http_warning(profile)}", file=sys.stderr)
+    engine = open_engine(profile, progress=show)
     done()
     recorder = Recorder.start(store, profile)  # after the engine: a failed start leaves no empty conversation
     tty = sys.stdout.isatty()
@@ -245,71 +233,6 @@ def cmd_classify(args) -> int:
     return 0
 
 
-# ---- history ----------------------------------------------------------------------------
-
-
-def cmd_history_list(args) -> int:
-    import time
-
-    from termchat.store import Store
-
-    from termchat.sanitize import inert
-
-    clean = inert if sys.stdout.isatty() else (lambda text: text)
-    store = Store()
-    rows = store.conversations(search=args.search or "")
-    if not rows:
-        print("no conversations" + (f" matching '{args.search}'" if args.search else ""))
-    for c in rows:
-        print(f"{c.id:>5}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(c.updated))}  {c.profile:<14}  {clean(c.title)}")
-    return 0
-
-
-def cmd_history_show(args) -> int:
-    from termchat.sanitize import inert
-    from termchat.store import Store, stats_line
-
-    store = Store()
-    conv = store.conversation(args.id)
-    clean = inert if sys.stdout.isatty() else (lambda text: text)
-    print(f"# {clean(conv.title)}  (conversation {conv.id}, profile {clean(conv.profile)})\n")
-    for m in store.messages(conv.id):
-        flag = f" [{m.flagged}]" if m.flagged else ""
-        print(f"--- {'you' if m.role == 'user' else m.profile or m.role}{flag}")
-        print(clean(m.content))
-        if m.role == "assistant":
-            print(f"    ({stats_line(m)})")
-        print()
-    return 0
-
-
-def cmd_history_export(args) -> int:
-    from termchat.store import Store
-
-    from termchat.sanitize import inert
-    from termchat.store import write_export
-
-    store = Store()
-    text = store.export_markdown(args.id) if args.format == "md" else store.export_json(args.id)
-    if args.output:
-        print(f"wrote {write_export(args.output, text, force=args.force)}", file=sys.stderr)
-    else:
-        print(inert(text) if sys.stdout.isatty() else text)  # a terminal shows it; a pipe gets it exactly
-    return 0
-
-
-def cmd_history_delete(args) -> int:
-    from termchat.store import Store
-
-    from termchat.sanitize import inert
-
-    store = Store()
-    title = store.conversation(args.id).title
-    store.delete(args.id)
-    print(f"deleted conversation {args.id} ({inert(title) if sys.stdout.isatty() else title})")
-    return 0
-
-
 # ---- doctor -----------------------------------------------------------------------------
 
 
@@ -317,7 +240,7 @@ def cmd_doctor(args) -> int:
     from termchat.advisor import check
 
     profile = _config(args).get(args.profile)
-    print(f"profile {profile.name}: {profile.model}" + (f" + {profile.method}" + (f" {profile.speculative.get('model')}" if profile.speculative.get("model") else "") + f" k={profile.num_speculative_tokens}" if profile.speculative else ""))
+    print(f"profile {profile.name}: {profile.model}" + (f" + {profile.speculative.label()}" if profile.speculative else ""))
     findings = check(profile)
     for finding in findings:
         print(f"  {finding}")
@@ -369,20 +292,21 @@ def cmd_tui(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="termchat", description="Terminal chat and coding assistant on a speculative vLLM engine.")
+    # --config and --profile go before or after the sub-command; a sub-command's
+    # copy (SUPPRESS: absent unless given) overrides the top-level one
+    top = argparse.ArgumentParser(add_help=False)
+    top.add_argument("--config", help="config file (default: $TERMCHAT_CONFIG, then the user config folder's config.toml)")
+    top.add_argument("--profile", help="profile name (default: the config's default_profile, else 'local')")
+    top.add_argument("--theme", help="theme name (see themes/)")
+    choose = argparse.ArgumentParser(add_help=False)
+    choose.add_argument("--config", default=argparse.SUPPRESS, help="config file")
+    choose.add_argument("--profile", default=argparse.SUPPRESS, help="profile name")
+    parser = argparse.ArgumentParser(prog="termchat", description="Terminal chat and coding assistant on a speculative vLLM engine.", parents=[top])
     parser.add_argument("--version", action="version", version=f"termchat {__version__}")
-    parser.add_argument("--config", help="config file (default: $TERMCHAT_CONFIG, then the user config folder's config.toml)")
-    parser.add_argument("--profile", help="profile name (default: the config's default_profile, else 'local')")
-    parser.add_argument("--theme", help="theme name (see themes/)")
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def common(p):
-        p.add_argument("--config", default=argparse.SUPPRESS, help="config file")
-        p.add_argument("--profile", default=argparse.SUPPRESS, help="profile name")
-        return p
-
-    p = common(sub.add_parser("ask", help="one prompt, streamed reply on stdout, statistics on stderr"))
+    p = sub.add_parser("ask", help="one prompt, streamed reply on stdout, statistics on stderr", parents=[choose])
     p.add_argument("prompt", nargs="*", help="the prompt (default: read stdin)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the text and every statistic")
     p.add_argument("--temperature", type=float, help="force a temperature")
@@ -393,15 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-save", action="store_true", help="do not record the exchange in the history")
     p.set_defaults(func=cmd_ask)
 
-    p = common(sub.add_parser("serve", help="run a profile's vLLM server in the foreground"))
+    p = sub.add_parser("serve", help="run a profile's vLLM server in the foreground", parents=[choose])
     p.add_argument("--dry-run", action="store_true", help="print the exact command line and exit")
     p.add_argument("--port", type=int, help="port shown by --dry-run")
     p.set_defaults(func=cmd_serve)
 
     profiles = sub.add_parser("profiles", help="list or check profiles")
     psub = profiles.add_subparsers(dest="action", required=True, metavar="ACTION")
-    common(psub.add_parser("list", help="profiles with model, draft and method")).set_defaults(func=cmd_profiles_list)
-    common(psub.add_parser("check", help="validate a config file: exit 0 if good, 2 with messages if not")).set_defaults(func=cmd_profiles_check)
+    psub.add_parser("list", help="profiles with model, draft and method", parents=[choose]).set_defaults(func=cmd_profiles_list)
+    psub.add_parser("check", help="validate a config file: exit 0 if good, 2 with messages if not", parents=[choose]).set_defaults(func=cmd_profiles_check)
 
     models = sub.add_parser("models", help="the packaged default model")
     msub = models.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -410,37 +334,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_models_prepare)
     msub.add_parser("list", help="what is prepared and where").set_defaults(func=cmd_models_list)
 
-    p = common(sub.add_parser("chat", help="chat: the TUI, or with --plain a line-mode REPL"))
+    p = sub.add_parser("chat", help="chat: the TUI, or with --plain a line-mode REPL", parents=[choose])
     p.add_argument("--plain", action="store_true", help="a prompt-toolkit line interface instead of the full-screen UI")
     p.set_defaults(func=cmd_chat)
 
-    history = sub.add_parser("history", help="stored conversations: list, show, export, delete")
-    hsub = history.add_subparsers(dest="action", required=True, metavar="ACTION")
-    p = hsub.add_parser("list", help="newest first")
-    p.add_argument("--search", help="only conversations whose title or text contains this")
-    p.set_defaults(func=cmd_history_list)
-    p = hsub.add_parser("show", help="one conversation, with statistics")
-    p.add_argument("id", type=int)
-    p.set_defaults(func=cmd_history_show)
-    p = hsub.add_parser("export", help="as Markdown or JSON")
-    p.add_argument("id", type=int)
-    p.add_argument("--format", choices=["md", "json"], default="md")
-    p.add_argument("-o", "--output", help="file to write (default: stdout); an existing file needs --force")
-    p.add_argument("--force", action="store_true", help="overwrite the --output file if it exists")
-    p.set_defaults(func=cmd_history_export)
-    p = hsub.add_parser("delete", help="delete a conversation")
-    p.add_argument("id", type=int)
-    p.set_defaults(func=cmd_history_delete)
+    from termchat.history_cli import register as register_history
 
-    p = common(sub.add_parser("doctor", help="check a profile against the rules of thumb (memory, temperature, sizes, vocabulary, k)"))
+    register_history(sub)
+
+    p = sub.add_parser("doctor", help="check a profile against the rules of thumb (memory, temperature, sizes, vocabulary, k)", parents=[choose])
     p.add_argument("--verify", action="store_true", help="also start the engine with and without speculation and check that speculation does not change what is sampled (exit 1 if it does)")
     p.set_defaults(func=cmd_doctor)
 
     from termchat.bench.cli import register as register_bench
 
-    register_bench(sub, common)
+    register_bench(sub, choose)
 
-    p = common(sub.add_parser("classify", help="JSON lines {\"prompt\": ...} on stdin -> {\"kind\": code|text, ...}"))
+    p = sub.add_parser("classify", help="JSON lines {\"prompt\": ...} on stdin -> {\"kind\": code|text, ...}", parents=[choose])
     p.set_defaults(func=cmd_classify)
 
     return parser
@@ -449,9 +359,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    for key in ("config", "profile", "theme"):
-        if not hasattr(args, key):
-            setattr(args, key, None)
     try:
         return args.func(args) or 0
     except UserError as exc:

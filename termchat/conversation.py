@@ -34,10 +34,24 @@ class TemperatureChoice:
 @dataclass
 class Conversation:
     system_prompt: str = ""
-    messages: list[dict] = field(default_factory=list)  # user/assistant turns
+    # user/assistant turns: {"role", "content", "id"}; id is the stored message's (None if not stored)
+    messages: list[dict] = field(default_factory=list)
     auto_temperature: bool = True
     forced_temperature: float | None = None  # `/temp X`, for the next message only
     attachments: list[str] = field(default_factory=list)  # `/file` blocks for the next message
+
+    def add(self, role: str, content: str, message_id: int | None = None) -> None:
+        self.messages.append({"role": role, "content": content, "id": message_id})
+
+    def prompts(self) -> list[dict]:
+        """The user's turns, in order (what /edit N counts)."""
+        return [m for m in self.messages if m["role"] == "user"]
+
+    def cut_before(self, message: dict) -> list[dict]:
+        """Forget `message` and everything after it (an edit, a regeneration); returns what was cut."""
+        at = next(i for i, m in enumerate(self.messages) if m is message)
+        self.messages, cut = self.messages[:at], self.messages[at:]
+        return cut
 
     def with_attachments(self, prompt: str) -> str:
         """`prompt` followed by the files attached since the last message (then forgotten)."""
@@ -59,4 +73,5 @@ class Conversation:
     def request(self, profile: Profile) -> list[dict]:
         """The messages to send: system prompt first, then the turns."""
         system = self.system_prompt or profile.system_prompt
-        return ([{"role": "system", "content": system}] if system else []) + list(self.messages)
+        turns = [{"role": m["role"], "content": m["content"]} for m in self.messages]
+        return ([{"role": "system", "content": system}] if system else []) + turns

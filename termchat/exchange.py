@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from termchat.conversation import Conversation, TemperatureChoice
 from termchat.engine.client import ChatStream, Sampling
-from termchat.engine.server import Engine
+from termchat.engine.endpoint import Engine
 from termchat.engine.stats import ReplyStats, Step
 from termchat.profiles import Profile
 from termchat.store import COMPLETE, CUT, INTERRUPTED, ReplyWriter, Store, StoreError
@@ -52,7 +52,7 @@ class Recorder:
 
     def writer(self, profile: Profile, choice: TemperatureChoice) -> ReplyWriter:
         store = self.store if self.error is None else None
-        writer = ReplyWriter(store, self.conversation_id, profile=profile.name, model=profile.model, draft=(profile.speculative or {}).get("model"), method=profile.method, temperature=choice.value, lowered=choice.lowered)
+        writer = ReplyWriter(store, self.conversation_id, profile=profile.name, model=profile.model, draft=profile.speculative.model if profile.speculative else None, method=profile.method, temperature=choice.value, lowered=choice.lowered)
         self.last_reply_id = writer.message_id
         return writer
 
@@ -78,7 +78,7 @@ async def exchange(
     """Send `prompt` (already chosen its temperature), stream, store. Raises
     CancelledError (reply cut) and ReplyInterrupted (engine gone) after storing."""
     recorder.user(prompt, profile)
-    conversation.messages.append({"role": "user", "content": prompt})
+    conversation.add("user", prompt, recorder.last_user_id)
     writer = recorder.writer(profile, choice)
     sampling = Sampling(temperature=choice.value, top_p=profile.top_p, max_tokens=max_tokens or profile.max_tokens, seed=seed)
     stream = ChatStream(engine, conversation.request(profile), sampling)
@@ -89,17 +89,17 @@ async def exchange(
             if asyncio.iscoroutine(result):
                 await result
     except (asyncio.CancelledError, KeyboardInterrupt):
-        _end(conversation, recorder, writer, CUT, stream.partial_stats() if stream.steps else None)
+        _end(conversation, recorder, writer, CUT, stream.live_stats(CUT) if stream.steps else None)
         raise
     except BaseException:  # ReplyInterrupted (engine gone) and anything else
-        _end(conversation, recorder, writer, INTERRUPTED, stream.partial_stats() if stream.steps else None)
+        _end(conversation, recorder, writer, INTERRUPTED, stream.live_stats(INTERRUPTED) if stream.steps else None)
         raise
     _end(conversation, recorder, writer, COMPLETE, stream.stats)
     return Outcome(stream.text, stream.stats, COMPLETE)
 
 
 def _end(conversation: Conversation, recorder: Recorder, writer: ReplyWriter, status: str, stats: ReplyStats | None) -> None:
-    writer.finish(status, stats.to_dict() if stats else None)
+    writer.finish(status, stats)
     recorder.error = recorder.error or writer.error
     if writer.text:
-        conversation.messages.append({"role": "assistant", "content": writer.text})
+        conversation.add("assistant", writer.text, recorder.last_reply_id)

@@ -61,6 +61,12 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def tighten(path: Path) -> None:
+    """0600 for a file others could read; never opens it (see private_file)."""
+    if path.exists() and path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+
+
 def private_file(path: Path) -> Path:
     """Create `path` empty with mode 0600 if it does not exist (tighten it if it does),
     so that whatever writes it next (SQLite, a log, a history file) starts private.
@@ -73,6 +79,5 @@ def private_file(path: Path) -> Path:
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o600)
+        tighten(path)
     return path

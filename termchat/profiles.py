@@ -16,7 +16,9 @@ import difflib
 import os
 import re
 import sys
-from dataclasses import dataclass, field, replace
+import types
+import typing
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,74 +28,29 @@ else:  # pragma: no cover - pyproject pins >= 3.11; kept for the tomli fallback
     import tomli as tomllib
 
 from termchat import paths
+from termchat import speculation
+from termchat.config_file import ConfigError, LineIndex, Problem, read_config_text
 from termchat.errors import UserError
+from termchat.speculation import LEGACY_KEYS, NGRAM, SUFFIX, Speculation
 
 BUILTIN_SOURCE = "<built-in>"
 DEFAULT_MODEL = "termchat:smollm2-135m-instruct"
 
 TOP_KEYS = {"profiles": dict, "default_profile": str, "theme": str}
-
-# key -> (accepted types, description used in messages)
-PROFILE_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
-    "description": ((str,), "a string"),
-    "model": ((str,), "a string (hub id or local folder)"),
-    "tokenizer": ((str,), "a string"),
-    "dtype": ((str,), "a string such as 'auto', 'float32', 'bfloat16'"),
-    "max_model_len": ((int,), "an integer"),
-    "tensor_parallel_size": ((int,), "an integer"),
-    "quantization": ((str,), "a string such as 'awq'"),
-    "gpu_memory_utilization": ((int, float), "a number"),
-    "temperature": ((int, float), "a number"),
-    "code_temperature": ((int, float), "a number"),
-    "top_p": ((int, float), "a number"),
-    "max_tokens": ((int,), "an integer"),
-    "system_prompt": ((str,), "a string"),
-    "endpoint": ((str,), "a URL such as 'http://gpu-box:8000/v1'"),
-    "api_key_env": ((str,), "the name of an environment variable"),
-    "first_token_timeout": ((int, float), "a number of seconds"),
-    "trust_remote_code": ((bool,), "true or false"),
-    "theme": ((str,), "a theme name"),
-    "engine_args": ((dict,), "a table"),
-    "env": ((dict,), "a table of strings"),
-    "speculative": ((dict,), "a table"),
-    # vLLM 0.8 spelling, translated into `speculative`
-    "speculative_model": ((str,), "a string"),
-    "num_speculative_tokens": ((int,), "an integer"),
-    "ngram_prompt_lookup_min": ((int,), "an integer"),
-    "ngram_prompt_lookup_max": ((int,), "an integer"),
-}
-LEGACY_KEYS = ("speculative_model", "num_speculative_tokens", "ngram_prompt_lookup_min", "ngram_prompt_lookup_max")
-
-SPEC_METHODS = ("draft_model", "ngram", "suffix", "eagle", "eagle3", "mtp", "medusa", "mlp_speculator")
-METHODS_NEEDING_MODEL = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator")
-SPEC_KEY_TYPES: dict[str, tuple[type, ...]] = {
-    "method": (str,),
-    "model": (str,),
-    "num_speculative_tokens": (int,),
-    "prompt_lookup_min": (int,),
-    "prompt_lookup_max": (int,),
-    "draft_tensor_parallel_size": (int,),
-    "quantization": (str,),
-    "max_model_len": (int,),
-    "revision": (str,),
-}
-
-# (low, high, inclusive-low) ranges
-RANGES: dict[str, tuple[float, float, bool]] = {
-    "temperature": (0.0, 2.0, True),
-    "code_temperature": (0.0, 2.0, True),
-    "top_p": (0.0, 1.0, False),
-    "gpu_memory_utilization": (0.0, 1.0, False),
-    "max_tokens": (1, 1 << 30, True),
-    "max_model_len": (1, 1 << 30, True),
-    "tensor_parallel_size": (1, 1024, True),
-    "first_token_timeout": (0.0, 86400.0, False),
-}
-MAX_SPECULATIVE_TOKENS = 64  # vLLM's rejection sampler takes up to 128; past ~7 (32 for suffix) nothing is gained
 # vLLM server flags that termchat sets itself: from a profile they could make the
 # managed engine listen beyond this machine, or without its key
 OWNED_FLAGS = ("host", "port", "api_key", "uds", "model", "served_model_name")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _key(default=None, says: str = "a string", *, low=None, high=None, above: bool = False, types: tuple[type, ...] | None = None, factory=None):
+    """A profile key: its default, how a message describes it, its range
+    (`above`: low itself is excluded) and, when the annotation does not say,
+    the TOML types it accepts."""
+    meta = {"says": says, "range": (low, high, above) if low is not None else None, "types": types}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -101,43 +58,38 @@ class Profile:
     """Everything needed to start (or reach) one engine and sample from it."""
 
     name: str
-    model: str = DEFAULT_MODEL
+    model: str = _key(DEFAULT_MODEL, "a string (hub id or local folder)")
     source: str = BUILTIN_SOURCE
-    description: str = ""
-    tokenizer: str | None = None
-    dtype: str | None = None
-    max_model_len: int | None = None
-    tensor_parallel_size: int | None = None
-    quantization: str | None = None
-    gpu_memory_utilization: float | None = None
-    temperature: float = 0.7
-    code_temperature: float = 0.2
-    top_p: float = 1.0
-    max_tokens: int = 1024
-    system_prompt: str = ""
-    endpoint: str | None = None
-    api_key_env: str | None = None
-    first_token_timeout: float = 300.0  # seconds; a cold large engine can take minutes
-    trust_remote_code: bool = False
-    theme: str | None = None
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    speculative: dict[str, Any] | None = None
+    description: str = _key("")
+    tokenizer: str | None = _key()
+    dtype: str | None = _key(None, "a string such as 'auto', 'float32', 'bfloat16'")
+    max_model_len: int | None = _key(None, "an integer", low=1, high=1 << 30)
+    tensor_parallel_size: int | None = _key(None, "an integer", low=1, high=1024)
+    quantization: str | None = _key(None, "a string such as 'awq'")
+    gpu_memory_utilization: float | None = _key(None, "a number", low=0.0, high=1.0, above=True)
+    temperature: float = _key(0.7, "a number", low=0.0, high=2.0)
+    code_temperature: float = _key(0.2, "a number", low=0.0, high=2.0)
+    top_p: float = _key(1.0, "a number", low=0.0, high=1.0, above=True)
+    max_tokens: int = _key(1024, "an integer", low=1, high=1 << 30)
+    system_prompt: str = _key("")
+    endpoint: str | None = _key(None, "a URL such as 'http://gpu-box:8000/v1'")
+    api_key_env: str | None = _key(None, "the name of an environment variable")
+    # seconds; a cold large engine can take minutes
+    first_token_timeout: float = _key(300.0, "a number of seconds", low=0.0, high=86400.0, above=True)
+    trust_remote_code: bool = _key(False, "true or false")
+    theme: str | None = _key(None, "a theme name")
+    test_command: str | None = _key(None, "a shell command such as 'pytest -q'")  # what /test runs
+    engine_args: dict[str, Any] = _key(says="a table", factory=dict)
+    env: dict[str, str] = _key(says="a table of strings", factory=dict)
+    speculative: Speculation | None = _key(None, "a table", types=(dict,))
 
     @property
     def method(self) -> str | None:
-        return self.speculative.get("method") if self.speculative else None
-
-    @property
-    def draft(self) -> str | None:
-        """The draft model, or the method when it needs none (ngram...)."""
-        if not self.speculative:
-            return None
-        return self.speculative.get("model") or self.speculative.get("method")
+        return self.speculative.method if self.speculative else None
 
     @property
     def num_speculative_tokens(self) -> int | None:
-        return self.speculative.get("num_speculative_tokens") if self.speculative else None
+        return self.speculative.k if self.speculative else None
 
     @property
     def is_remote(self) -> bool:
@@ -146,6 +98,23 @@ class Profile:
     def without_speculation(self) -> Profile:
         """The same engine settings with speculation off (for bench baselines)."""
         return replace(self, name=f"{self.name}-nospec", speculative=None)
+
+
+def _accepted(hint) -> tuple[type, ...]:
+    """The TOML types a field's annotation accepts (an int is a float too)."""
+    if isinstance(hint, types.UnionType):  # X | None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    kind = typing.get_origin(hint) or hint
+    return (int, float) if kind is float else (kind,)
+
+
+_HINTS = typing.get_type_hints(Profile, globalns={**globals(), "Speculation": Speculation})
+# key -> (accepted types, description used in messages), for every key a profile table may hold
+PROFILE_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    f.name: (f.metadata["types"] or _accepted(_HINTS[f.name]), f.metadata["says"]) for f in fields(Profile) if f.metadata
+}
+PROFILE_KEYS.update({key: ((str,), "a string") if key == "speculative_model" else ((int,), "an integer") for key in LEGACY_KEYS})  # vLLM 0.8 spelling
+RANGES = {f.name: f.metadata["range"] for f in fields(Profile) if f.metadata and f.metadata["range"]}
 
 
 # The CPU engine every built-in profile shares: float32 and both cores
@@ -166,43 +135,17 @@ def _cpu_engine() -> dict:
     )
 
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-# suffix decoding (Arctic Inference): drafts only where its suffix trees are
-# confident, up to num_speculative_tokens per step, and remembers earlier replies
-SUFFIX = {"method": "suffix", "num_speculative_tokens": 16}
-
-
 def builtin_profiles() -> dict[str, Profile]:
     """Profiles that exist without any config file, so F2 can compare methods
     on a fresh install. `local` is the default: the method the bench measured
     best on our CPUs (README, "Speculation per prompt category")."""
     about = "SmolLM2-135M-Instruct on the CPU"
     return {
-        "local": Profile(name="local", description=f"{about}, suffix decoding: the measured best (built in)", speculative=dict(SUFFIX), **_cpu_engine()),
-        "local-ngram": Profile(name="local-ngram", description=f"{about}, ngram prompt lookup k=5 (built in)", speculative=dict(NGRAM), **_cpu_engine()),
-        "local-suffix": Profile(name="local-suffix", description=f"{about}, suffix decoding up to 16 tokens (built in)", speculative=dict(SUFFIX), **_cpu_engine()),
+        "local": Profile(name="local", description=f"{about}, suffix decoding: the measured best (built in)", speculative=SUFFIX, **_cpu_engine()),
+        "local-ngram": Profile(name="local-ngram", description=f"{about}, ngram prompt lookup k=5 (built in)", speculative=NGRAM, **_cpu_engine()),
+        "local-suffix": Profile(name="local-suffix", description=f"{about}, suffix decoding up to 16 tokens (built in)", speculative=SUFFIX, **_cpu_engine()),
         "local-plain": Profile(name="local-plain", description=f"{about}, no speculation (built in)", **_cpu_engine()),
     }
-
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    line: int | None
-    key: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
-
-
-class ConfigError(UserError):
-    """A config file with problems; str() lists every one, one per line."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems) + "\nFix the file, then run `termchat profiles check` to confirm.")
 
 
 @dataclass
@@ -231,69 +174,6 @@ def _suggest(word: str, known) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-class _LineIndex:
-    """Finds the line of `[table]` headers and `key =` lines in a TOML text.
-
-    tomllib gives no positions for values, so messages about a key use this.
-    Dotted keys and inline tables fall back to the table's header line.
-    """
-
-    HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
-    KEY = re.compile(r"""^\s*("[^"]*"|'[^']*'|[A-Za-z0-9_\-.]+)\s*=""")
-
-    def __init__(self, text: str):
-        self.tables: dict[str, int] = {}
-        self.keys: dict[tuple[str, str], int] = {}
-        table = ""
-        for number, line in enumerate(text.splitlines(), start=1):
-            header = self.HEADER.match(line)
-            if header:
-                table = self._norm(header.group(1))
-                self.tables.setdefault(table, number)
-                continue
-            key = self.KEY.match(line)
-            if key:
-                parts = [p.strip().strip("\"'") for p in key.group(1).split(".")]
-                full = ".".join(filter(None, [table, *parts[:-1]]))
-                self.keys.setdefault((full, parts[-1]), number)
-
-    @staticmethod
-    def _norm(name: str) -> str:
-        return ".".join(p.strip().strip("\"'") for p in name.split("."))
-
-    def line(self, table: str, key: str | None = None) -> int | None:
-        if key is not None and (table, key) in self.keys:
-            return self.keys[(table, key)]
-        if key is not None and table and f"{table}.{key}" in self.tables:
-            return self.tables[f"{table}.{key}"]
-        if table in self.tables:
-            return self.tables[table]
-        parent = table.rsplit(".", 1)[0] if "." in table else ""
-        if parent and parent != table:
-            return self.line(parent, table.rsplit(".", 1)[1])
-        return None
-
-
-def read_config_text(path: Path) -> str:
-    """The file's text, or a ConfigError saying why it cannot be read as TOML text."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError([Problem(str(path), None, "", "file not found; check the path (or unset TERMCHAT_CONFIG)")]) from None
-    except IsADirectoryError:
-        raise ConfigError([Problem(str(path), None, "", "is a folder, not a TOML file")]) from None
-    except OSError as exc:
-        raise ConfigError([Problem(str(path), None, "", f"cannot be read: {exc.strerror}")]) from None
-    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, as some editors write
-    if b"\x00" in data:
-        raise ConfigError([Problem(str(path), 1, "", "not a text file (it contains NUL bytes); point --config at a TOML file")])
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise ConfigError([Problem(str(path), line, "", "not UTF-8 text; save the file as UTF-8 TOML")]) from None
-
-
 def parse_config(text: str, file: str) -> tuple[Config, list[Problem]]:
     """Parse and validate a config text. Returns the usable profiles and every problem."""
     try:
@@ -310,7 +190,7 @@ def parse_config(text: str, file: str) -> tuple[Config, list[Problem]]:
         col = f" (column {match.group(2)})" if match else ""
         return Config(builtin_profiles()), [Problem(file, line, "", f"TOML syntax error: {msg}{col}")]
 
-    index = _LineIndex(text)
+    index = LineIndex(text)
     problems: list[Problem] = []
 
     def problem(table: str, key: str | None, message: str) -> None:
@@ -345,12 +225,6 @@ def parse_config(text: str, file: str) -> tuple[Config, list[Problem]]:
     return Config(profiles, default if isinstance(default, str) else "local", theme, Path(file)), problems
 
 
-def _check_type(value: Any, types: tuple[type, ...]) -> bool:
-    if isinstance(value, bool) and bool not in types:
-        return False
-    return isinstance(value, types)
-
-
 def _parse_profile(name: str, table: dict, file: str, problem) -> Profile | None:
     where = f"profiles.{name}"
     errors: list[str] = []
@@ -364,22 +238,22 @@ def _parse_profile(name: str, table: dict, file: str, problem) -> Profile | None
         if key not in PROFILE_KEYS:
             bad(key, f"unknown key{_suggest(key, PROFILE_KEYS)}")
             continue
-        types, described = PROFILE_KEYS[key]
-        if not _check_type(value, types):
+        accepted, described = PROFILE_KEYS[key]
+        if not speculation.is_toml_type(value, accepted):
             bad(key, f"must be {described}, not {type(value).__name__} {value!r}")
             continue
         values[key] = value
 
-    for key, (low, high, inclusive) in RANGES.items():
+    for key, (low, high, above) in RANGES.items():
         if key in values:
             v = values[key]
-            ok = (low <= v if inclusive else low < v) and v <= high
+            ok = (low < v if above else low <= v) and v <= high
             if not ok:
-                lo = "[" if inclusive else "("
+                lo = "(" if above else "["
                 bad(key, f"{v} is out of range {lo}{low:g}, {high:g}]")
                 values.pop(key)
 
-    spec = _speculative(values, where, bad)
+    spec = speculation.parse(values.get("speculative") or {}, {k: values[k] for k in LEGACY_KEYS if k in values}, lambda key, message, sub: bad(key, message, f"{where}.{sub}" if sub else where), _suggest)
 
     if "endpoint" in values and not re.match(r"^https?://", values["endpoint"]):
         bad("endpoint", "must start with http:// or https://")
@@ -404,63 +278,6 @@ def _parse_profile(name: str, table: dict, file: str, problem) -> Profile | None
         values.pop(key, None)
     values["speculative"] = spec
     return Profile(name=name, source=file, **values)
-
-
-def _speculative(values: dict, where: str, bad) -> dict | None:
-    """The speculative_config mapping, from [speculative] or the vLLM 0.8 keys."""
-    legacy = {k: values[k] for k in LEGACY_KEYS if k in values}
-    spec = dict(values.get("speculative") or {})
-    table = f"{where}.speculative"
-    if legacy and spec:
-        bad(next(iter(legacy)), "give either the [speculative] table or the vLLM 0.8 keys, not both")
-        return None
-    if legacy:
-        model = legacy.get("speculative_model")
-        if model is None:
-            bad(next(iter(legacy)), "vLLM 0.8 style speculation needs `speculative_model`")
-            return None
-        if model == "[ngram]":
-            spec = {"method": "ngram"}
-            if "ngram_prompt_lookup_min" in legacy:
-                spec["prompt_lookup_min"] = legacy["ngram_prompt_lookup_min"]
-            if "ngram_prompt_lookup_max" in legacy:
-                spec["prompt_lookup_max"] = legacy["ngram_prompt_lookup_max"]
-        else:
-            spec = {"method": "draft_model", "model": model}
-        spec["num_speculative_tokens"] = legacy.get("num_speculative_tokens", 5)
-    if not spec:
-        return None
-    for key, value in spec.items():
-        if key in SPEC_KEY_TYPES and not _check_type(value, SPEC_KEY_TYPES[key]):
-            bad(key, f"must be {'an integer' if SPEC_KEY_TYPES[key] == (int,) else 'a string'}, not {value!r}", table)
-            return None
-    ok = True
-
-    def fail(key: str, message: str) -> None:
-        nonlocal ok
-        ok = False
-        bad(key, message, table)
-
-    method = spec.get("method")
-    if method is None and "model" in spec:
-        spec["method"] = method = "draft_model"
-    if method is None:
-        fail("method", f"is missing; one of: {', '.join(SPEC_METHODS)}")
-    elif method not in SPEC_METHODS:
-        fail("method", f"unknown method '{method}'{_suggest(method, SPEC_METHODS)}; one of: {', '.join(SPEC_METHODS)}")
-    elif method in METHODS_NEEDING_MODEL and not spec.get("model"):
-        fail("model", f"method '{method}' needs a draft `model` (a smaller model of the same family)")
-    k = spec.get("num_speculative_tokens")
-    if k is None:
-        fail("num_speculative_tokens", "is missing; 3 to 7 is usual")
-    elif k < 1 or k > MAX_SPECULATIVE_TOKENS:
-        fail("num_speculative_tokens", f"{k} is out of range: 1 to {MAX_SPECULATIVE_TOKENS} (3 to 7 is usual for a draft model, up to 32 for suffix)")
-    lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
-    if lo is not None and lo < 1:
-        fail("prompt_lookup_min", "must be at least 1")
-    elif lo is not None and hi is not None and hi < lo:
-        fail("prompt_lookup_max", f"{hi} is below prompt_lookup_min {lo}")
-    return spec if ok else None
 
 
 def config_path(explicit: str | os.PathLike | None = None) -> Path | None:

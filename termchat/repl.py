@@ -24,21 +24,19 @@ from pygments.formatters import Terminal256Formatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from termchat import paths
-from termchat.attach import fenced_file
-from termchat.conversation import Conversation, parse_temperature
-from termchat.engine import server
+from termchat import apply, paths, testing
+from termchat.apply import UndoStack
+from termchat.commands import dispatch, help_text
 from termchat.engine.client import ReplyInterrupted
+from termchat.engine.controller import EngineController
+from termchat.engine.endpoint import plain_http_warning
 from termchat.errors import UserError
-from termchat.exchange import Recorder, exchange
+from termchat.exchange import exchange
 from termchat.profiles import Config
-from termchat.sanitize import Sanitizer, inert
-from termchat.store import Store, StoreError
-
-HELP = """Enter sends; Alt+Enter or Ctrl+J inserts a newline. Ctrl+C cuts a reply; Ctrl+C twice or Ctrl+D exits.
-/profile NAME  switch profile      /temp X     temperature for the next message
-/system TEXT   system prompt        /file PATH  attach a text file to the next message
-/clear         new conversation     /restart    restart the engine      /help  this text"""
+from termchat.sanitize import Sanitizer, clean_code, inert
+from termchat.session import ChatSession
+from termchat.shell import CommandRun
+from termchat.store import Store
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
@@ -93,9 +91,10 @@ class ReplyPrinter:
 
 
 class Repl:
+    """The line front-end: the same session, engine controller and slash
+    commands as the TUI, shown as lines."""
+
     def __init__(self, config: Config, profile: str | None = None, input=None, output=None, write: Callable[[str], None] | None = None, history_file: Path | None = None, store: Store | None = None, color: bool | None = None):
-        self.config = config
-        self.profile = config.get(profile)
         self.write = write or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
         self.color = sys.stdout.isatty() if color is None else color
         history_file = history_file or paths.data_dir() / "repl-history"
@@ -112,39 +111,37 @@ class Repl:
             event.current_buffer.insert_text("\n")
 
         self.session = PromptSession(history=FileHistory(str(history_file)), input=input, output=output, multiline=True, key_bindings=keys)
-        self.store = store
-        self.conversation = Conversation()
-        self.recorder: Recorder | None = None
-        self.engine: server.Engine | None = None
+        self.chat = ChatSession(config, config.get(profile), store)
+        self.engines = EngineController()
+        self.undo = UndoStack()
+        self.last_run: CommandRun | None = None
+        self.last_failure: tuple[str, str] | None = None
+        self.next_text = ""  # put in the prompt for editing (/edit)
+        self.quitting = False
 
     def say(self, text: str) -> None:
         """termchat's own lines; they often quote a server error or a file name, so inert too."""
         text = inert(text)
         self.write((DIM + text + RESET if self.color else text) + "\n")
 
+    error = say
+
     # ---- engine ------------------------------------------------------------------------
 
     async def start_engine(self) -> bool:
-        profile = self.profile
-        def launched(engine: server.ManagedEngine) -> None:
-            self.engine = engine  # so that Ctrl+C stops it while it warms up
+        profile = self.chat.profile
+        if plain_http_warning(profile):
+            self.say(f"warning: {plain_http_warning(profile)}")
+        if not profile.is_remote:
             self.say(f"starting the engine for '{profile.name}' (about 30-45 s on a CPU)…")
-
-        if server.plain_http_warning(profile):
-            self.say(f"warning: {server.plain_http_warning(profile)}")
         try:
-            self.engine = await server.open_engine_async(profile, launched=launched)
+            await self.engines.switch(profile)
         except UserError as exc:
             self.say(f"the engine did not start: {exc}\n/restart tries again, /profile NAME picks another profile.")
-            self.engine = None
             return False
-        self.say(f"profile {profile.name}: {profile.model}" + (f" with {profile.method} k={profile.num_speculative_tokens}" if profile.speculative else "") + " — ready. /help for commands.")
+        method = f" with {profile.speculative.label()}" if profile.speculative else ""
+        self.say(f"profile {profile.name}: {profile.model}{method} — ready. /help for commands.")
         return True
-
-    def stop_engine(self) -> None:
-        if self.engine is not None:
-            self.engine.stop()
-            self.engine = None
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -152,9 +149,9 @@ class Repl:
         await self.start_engine()
         interrupts = 0
         try:
-            while True:
+            while not self.quitting:
                 try:
-                    text = await self.session.prompt_async(f"{self.profile.name}> ")
+                    text = await self.session.prompt_async(f"{self.chat.profile.name}> ", default=self.next_text)
                 except KeyboardInterrupt:
                     interrupts += 1
                     if interrupts >= 2:
@@ -163,108 +160,181 @@ class Repl:
                     continue
                 except EOFError:
                     return 0
-                interrupts = 0
+                interrupts, self.next_text = 0, ""
                 text = text.strip()
-                if not text:
-                    continue
                 if text.startswith("/"):
-                    if await self.slash(text) == "quit":
-                        return 0
-                    continue
-                await self.send(text)
+                    await dispatch(self, text)
+                elif text:
+                    await self.send(text)
+            return 0
         finally:
-            self.stop_engine()
+            self.engines.stop_now()
 
     async def send(self, text: str) -> None:
-        if self.engine is None or not self.engine.alive():
+        if not self.engines.ready or not self.engines.engine.alive():
             if not await self.start_engine():
                 return
-        text = self.conversation.with_attachments(text)
-        if self.recorder is None:
-            self.recorder = Recorder.start(self._store(), self.profile, self.conversation.system_prompt)
-        choice = self.conversation.choose_temperature(text, self.profile)
+        problem = self.chat.open_store()
+        if problem:
+            self.say(problem)
+        text, choice = self.chat.prepare(text)
+        recorder = self.chat.recorder_for_reply()
         self.say(f"[{choice.label()}]")
         printer = ReplyPrinter(self.write, self.color)
-        task = asyncio.ensure_future(exchange(self.engine, self.profile, self.conversation, text, choice, self.recorder, lambda step: printer.feed(step.text)))
+        outcome = await self._interruptible(exchange(self.engines.engine, self.chat.profile, self.chat.conversation, text, choice, recorder, lambda step: printer.feed(step.text)))
+        printer.close()
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, ReplyInterrupted):
+                self.say(f"✗ {outcome}\nThe partial reply is kept. Your next prompt restarts the engine (or type /restart).")
+                self.engines.mark_failed()
+            elif isinstance(outcome, UserError):
+                self.say(f"✗ {outcome}")
+            else:
+                self.say("✂ cut: the partial reply is kept")
+        else:
+            self.say(outcome.stats.summary())
+        if recorder.error:
+            self.say(str(recorder.error))
+            recorder.error = None
+
+    async def _interruptible(self, coroutine, on_interrupt=None):
+        """Run `coroutine`; Ctrl+C cancels it. Its result, or the exception that ended it."""
+        task = asyncio.ensure_future(coroutine)
         loop = asyncio.get_running_loop()
         try:
-            loop.add_signal_handler(signal.SIGINT, task.cancel)
+            loop.add_signal_handler(signal.SIGINT, on_interrupt or task.cancel)
             handler = True
         except (NotImplementedError, RuntimeError, ValueError):
             handler = False
         try:
-            outcome = await task
-            printer.close()
-            self.say(outcome.stats.summary())
-        except asyncio.CancelledError:
-            printer.close()
-            self.say("✂ cut: the partial reply is kept")
-        except ReplyInterrupted as exc:
-            printer.close()
-            self.say(f"✗ {exc}\nThe partial reply is kept. Your next prompt restarts the engine (or type /restart).")
-            self.engine = None
-        except UserError as exc:
-            printer.close()
-            self.say(f"✗ {exc}")
+            return await task
+        except (asyncio.CancelledError, UserError) as exc:
+            return exc
         finally:
             if handler:
                 loop.remove_signal_handler(signal.SIGINT)
-        if self.recorder.error:
-            self.say(str(self.recorder.error))
-            self.recorder.error = None
 
-    _store_failed = False
+    # ---- the slash commands (termchat.commands) ------------------------------------------
 
-    def _store(self) -> Store | None:
-        if self.store is None and not self._store_failed:
-            try:
-                self.store = Store()
-            except StoreError as exc:
-                self._store_failed = True
-                self.say(f"{exc} Replies will not be saved this session.")
-        return self.store
+    async def do_profile(self, arg: str) -> None:
+        if arg not in self.chat.config.profiles:
+            self.say(f"profiles: {', '.join(self.chat.config.profiles)}")
+            return
+        self.chat.profile = self.chat.config.profiles[arg]
+        await self.start_engine()
 
-    async def slash(self, text: str) -> str | None:
-        command, _, arg = text.partition(" ")
-        arg = arg.strip()
-        if command in ("/quit", "/exit"):
-            return "quit"
-        if command == "/help":
-            self.say(HELP)
-        elif command == "/profile":
-            if arg not in self.config.profiles:
-                self.say(f"profiles: {', '.join(self.config.profiles)}")
-                return None
-            self.stop_engine()
-            self.profile = self.config.profiles[arg]
-            await self.start_engine()
-        elif command == "/restart":
-            self.stop_engine()
-            await self.start_engine()
-        elif command == "/temp":
-            try:
-                value = parse_temperature(arg)
-            except UserError as exc:
-                self.say(str(exc))
-                return None
-            self.conversation.forced_temperature = value
-            self.say(f"the next message uses temperature {value:g}")
-        elif command == "/system":
-            self.conversation.system_prompt = arg
-            self.say("system prompt set" if arg else "system prompt back to the profile's")
-        elif command == "/file":
-            try:
-                self.conversation.attachments.append(fenced_file(arg))
-                self.say(f"attached {arg}; it goes with your next message")
-            except UserError as exc:
-                self.say(str(exc))
-        elif command == "/clear":
-            self.conversation = Conversation(auto_temperature=self.conversation.auto_temperature)
-            self.recorder = None
-            self.say("new conversation")
+    async def do_restart(self, arg: str) -> None:
+        await self.start_engine()
+
+    async def do_temp(self, arg: str) -> None:
+        self.say(self.chat.set_temperature(arg))
+
+    async def do_system(self, arg: str) -> None:
+        self.say(self.chat.set_system(arg))
+
+    async def do_file(self, arg: str) -> None:
+        self.say(self.chat.attach(arg))
+
+    async def do_clear(self, arg: str) -> None:
+        self.chat.new_conversation()
+        self.say("new conversation")
+
+    async def do_help(self, arg: str) -> None:
+        self.say("Enter sends; Alt+Enter or Ctrl+J inserts a newline. Ctrl+C cuts a reply or a command; Ctrl+C twice or Ctrl+D exits.\n" + help_text())
+
+    async def do_quit(self, arg: str) -> None:
+        self.quitting = True
+
+    async def do_edit(self, arg: str) -> None:
+        message = self.chat.prompt_to_edit(arg)
+        old = self.chat.conversation_id
+        branch = self.chat.branch_at(message)
+        self.next_text = message["content"]
+        self.say(f"editing on a new branch (conversation {branch}); the old branch stays as conversation {old}" if branch else "editing; the reply after it is forgotten")
+
+    def _last_reply_blocks(self) -> list[tuple[str, str]]:
+        replies = [m["content"] for m in self.chat.conversation.messages if m["role"] == "assistant"]
+        return [block for reply in replies for block in code_blocks(reply)]
+
+    async def do_apply(self, arg: str) -> None:
+        words = arg.split(maxsplit=1)
+        number = int(words.pop(0)) if words and words[0].isdigit() else None
+        blocks = self._last_reply_blocks()
+        if not blocks:
+            raise UserError("no code block to apply yet")
+        if number is not None and not 1 <= number <= len(blocks):
+            raise UserError(f"there are {len(blocks)} code blocks; give a number from 1 to {len(blocks)}")
+        language, code = blocks[(number or len(blocks)) - 1]
+        code, warning = clean_code(code)
+        if warning:
+            self.say(warning)
+        changes = apply.plan(code, language, words[0] if words else None, Path.cwd())
+        for change in changes:
+            self.write(inert(change.diff(Path.cwd())) or f"{change.path}: no change\n")
+            status = apply.git_status(change.path)
+            if status:
+                self.say(f"{change.path.name}: {status}")
+        answer = await self.session.prompt_async("write it? (y/N) ", default="")
+        if answer.strip().lower() not in ("y", "yes"):
+            self.say("nothing written")
+            return
+        self.say("applied: " + apply.write(changes, self.undo))
+
+    async def do_undo(self, arg: str) -> None:
+        self.say(self.undo.undo())
+
+    async def do_run(self, arg: str) -> None:
+        if not arg:
+            raise UserError("/run needs a command, e.g. /run ls -l")
+        await self._run(arg)
+        self.say(f"{self.last_run.outcome()}; /add sends the output with your next message")
+
+    async def _run(self, command: str) -> CommandRun:
+        run = self.last_run = CommandRun(command)
+
+        async def stream() -> None:
+            async for text in run.chunks():
+                self.write(text)
+
+        await self._interruptible(stream(), on_interrupt=run.stop)
+        return run
+
+    async def do_add(self, arg: str) -> None:
+        if self.last_run is None:
+            raise UserError("no command output yet: /run COMMAND or /test first")
+        self.chat.conversation.attachments.append(self.last_run.for_model())
+        self.say(f"the output of `{self.last_run.command}` goes with your next message")
+
+    async def do_test(self, arg: str) -> None:
+        command = testing.resolve_test_command(arg, self.chat.profile.test_command, Path.cwd())
+        run = await self._run(command)
+        if run.exit_code == 0:
+            self.say("tests pass")
+            self.last_failure = None
         else:
-            self.say(f"unknown command {command}; /help lists them")
-        return None
+            self.last_failure = (command, testing.failure_summary(run.output))
+            self.say(f"tests fail ({run.outcome()}). /fix sends this summary and asks for a fix:\n{self.last_failure[1]}")
+
+    async def do_fix(self, arg: str) -> None:
+        if self.last_failure is None:
+            raise UserError("no failing /test to fix; run /test first")
+        if arg:
+            raise UserError("the fix loop (/fix ROUNDS) is in the TUI; here /fix sends one request, then /apply and /test")
+        await self.send(testing.fix_request(*self.last_failure))
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, code) of the fenced blocks of a reply (the TUI reads them from its Markdown widget)."""
+    blocks, language, current, inside = [], "", [], False
+    for line in text.splitlines():
+        marker = line.strip()
+        if marker.startswith(("```", "~~~")):
+            if inside:
+                blocks.append((language, "\n".join(current) + "\n"))
+            inside, language, current = not inside, marker[3:].strip(), []
+        elif inside:
+            current.append(line)
+    return blocks
 
 
 def run_repl(config: Config, profile: str | None) -> int:

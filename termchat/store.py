@@ -10,14 +10,14 @@ Nothing here ever sees an API key.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from termchat import paths
+from termchat.engine.stats import ReplyStats
 from termchat.errors import UserError
 from termchat.sanitize import one_line
 
@@ -53,6 +53,10 @@ MIGRATIONS = [
     """
     ALTER TABLE conversations ADD COLUMN system_prompt TEXT NOT NULL DEFAULT '';
     """,
+    # 3: branches: a conversation forked from another where a message was edited
+    """
+    ALTER TABLE conversations ADD COLUMN parent_id INTEGER REFERENCES conversations(id) ON DELETE SET NULL;
+    """,
 ]
 
 # statuses of an assistant message
@@ -79,13 +83,14 @@ def _explain(exc: sqlite3.Error, path: Path) -> StoreError:
 
 
 @dataclass
-class Conversation:
+class ConversationRecord:
     id: int
     title: str
     profile: str
     created: float
     updated: float
     system_prompt: str = ""
+    parent_id: int | None = None  # the conversation this one branched from
 
 
 @dataclass
@@ -101,7 +106,7 @@ class Message:
     method: str | None
     temperature: float | None
     lowered: bool | None
-    stats: dict | None
+    stats: ReplyStats | None
     created: float
     updated: float
 
@@ -109,6 +114,17 @@ class Message:
     def flagged(self) -> str:
         """'' for a finished message; otherwise how it ended."""
         return "" if self.status == COMPLETE else INTERRUPTED if self.status == STREAMING else self.status
+
+    def summary(self) -> str:
+        """What produced a reply and its figures, in one line (history, export)."""
+        parts = [p for p in (self.model and self.model.removeprefix("termchat:"), self.method) if p]
+        if self.temperature is not None:
+            parts.append(f"T={self.temperature:g}" + (" (lowered for code)" if self.lowered else ""))
+        if self.stats is not None:
+            parts.append(self.stats.short())
+        if self.flagged:
+            parts.append(self.flagged)
+        return " · ".join(parts)
 
 
 def default_path() -> Path:
@@ -123,9 +139,7 @@ class Store:
             # 0600 before SQLite opens it: its -wal and -shm files take the database's mode
             paths.private_file(self.path)
             for extra in ("-wal", "-shm"):
-                sidecar = Path(f"{self.path}{extra}")
-                if sidecar.exists() and sidecar.stat().st_mode & 0o077:
-                    sidecar.chmod(0o600)
+                paths.tighten(Path(f"{self.path}{extra}"))
             self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA foreign_keys = ON")
@@ -201,13 +215,13 @@ class Store:
         cur = self._write("INSERT INTO conversations (title, profile, created, updated, system_prompt) VALUES (?, ?, ?, ?, ?)", (title or "new conversation", profile, now, now, system_prompt))
         return cur.lastrowid
 
-    def conversation(self, conversation_id: int) -> Conversation:
+    def conversation(self, conversation_id: int) -> ConversationRecord:
         row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         if row is None:
             raise UserError(f"no conversation {conversation_id}; `termchat history list` shows them")
-        return Conversation(**dict(row))
+        return ConversationRecord(**dict(row))
 
-    def conversations(self, search: str = "", limit: int = 200) -> list[Conversation]:
+    def conversations(self, search: str = "", limit: int = 200) -> list[ConversationRecord]:
         """Newest first; `search` matches titles and message text."""
         if search:
             # the user's text literally: % and _ are not wildcards
@@ -219,9 +233,22 @@ class Store:
             ).fetchall()
         else:
             rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC LIMIT ?", (limit,)).fetchall()
-        return [Conversation(**dict(r)) for r in rows]
+        return [ConversationRecord(**dict(r)) for r in rows]
 
-    def latest(self) -> Conversation | None:
+    def fork(self, conversation_id: int, before_message_id: int) -> int:
+        """A branch: a new conversation holding this one's messages before
+        `before_message_id` (the message being edited). The original is kept."""
+        conv = self.conversation(conversation_id)
+        now = time.time()
+        cur = self._write(
+            "INSERT INTO conversations (title, profile, created, updated, system_prompt, parent_id) VALUES (?, ?, ?, ?, ?, ?)",
+            (one_line(f"{conv.title} (branch)", 200), conv.profile, now, now, conv.system_prompt, conversation_id),
+        )
+        columns = "role, content, status, profile, model, draft, method, temperature, lowered, stats, created, updated"
+        self._write(f"INSERT INTO messages (conversation_id, {columns}) SELECT ?, {columns} FROM messages WHERE conversation_id = ? AND id < ? ORDER BY id", (cur.lastrowid, conversation_id, before_message_id))
+        return cur.lastrowid
+
+    def latest(self) -> ConversationRecord | None:
         found = self.conversations(limit=1)
         return found[0] if found else None
 
@@ -244,7 +271,7 @@ class Store:
         cur = self._write(
             "INSERT INTO messages (conversation_id, role, content, status, profile, model, draft, method, temperature, lowered, stats, created, updated) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (conversation_id, role, content, status, meta.get("profile"), meta.get("model"), meta.get("draft"), meta.get("method"), meta.get("temperature"), meta.get("lowered"), json.dumps(stats) if stats else None, now, now),
+            (conversation_id, role, content, status, meta.get("profile"), meta.get("model"), meta.get("draft"), meta.get("method"), meta.get("temperature"), meta.get("lowered"), json.dumps(stats.to_dict()) if stats else None, now, now),
         )
         if role == "user":
             title = self.conversation(conversation_id).title
@@ -253,14 +280,14 @@ class Store:
         self._write("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         return cur.lastrowid
 
-    def update_message(self, message_id: int, content: str, status: str | None = None, stats: dict | None = None) -> None:
+    def update_message(self, message_id: int, content: str, status: str | None = None, stats: ReplyStats | None = None) -> None:
         sets, params = ["content = ?", "updated = ?"], [content, time.time()]
         if status is not None:
             sets.append("status = ?")
             params.append(status)
         if stats is not None:
             sets.append("stats = ?")
-            params.append(json.dumps(stats))
+            params.append(json.dumps(stats.to_dict()))
         self._write(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*params, message_id))
 
     def delete_message(self, message_id: int) -> None:
@@ -271,7 +298,7 @@ class Store:
         out = []
         for row in rows:
             data = dict(row)
-            data["stats"] = json.loads(data["stats"]) if data["stats"] else None
+            data["stats"] = ReplyStats.from_dict(json.loads(data["stats"])) if data["stats"] else None
             data["lowered"] = bool(data["lowered"]) if data["lowered"] is not None else None
             out.append(Message(**data))
         return out
@@ -280,7 +307,7 @@ class Store:
 
     def export_json(self, conversation_id: int) -> str:
         conv = self.conversation(conversation_id)
-        return json.dumps({"conversation": conv.__dict__, "messages": [m.__dict__ for m in self.messages(conversation_id)]}, indent=2, ensure_ascii=False)
+        return json.dumps({"conversation": conv.__dict__, "messages": [asdict(m) for m in self.messages(conversation_id)]}, indent=2, ensure_ascii=False)
 
     def export_markdown(self, conversation_id: int) -> str:
         conv = self.conversation(conversation_id)
@@ -290,50 +317,9 @@ class Store:
                 lines += ["## You", "", m.content.rstrip(), ""]
             else:
                 lines += [f"## {m.profile or 'assistant'}", "", m.content.rstrip(), ""]
-                lines.append("*" + stats_line(m) + "*")
+                lines.append("*" + m.summary() + "*")
                 lines.append("")
         return "\n".join(lines)
-
-
-def write_export(path: str | Path, text: str, force: bool = False) -> Path:
-    """Write an export (0600: it is a private conversation); one clear error otherwise."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        raise UserError(f"{path} is a folder; give a file name")
-    if path.exists() and not force:
-        raise UserError(f"{path} exists; choose another name, or overwrite it with --force")
-    if not path.parent.is_dir():
-        raise UserError(f"the folder {path.parent} does not exist; create it or choose another place")
-    temporary = path.with_name(f".{path.name}.termchat-{os.getpid()}")
-    try:
-        fd = os.open(temporary, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text if text.endswith("\n") else text + "\n")
-        os.replace(temporary, path)
-    except OSError as exc:
-        temporary.unlink(missing_ok=True)
-        raise UserError(f"could not write {path}: {exc.strerror or exc}") from None
-    return path
-
-
-def stats_line(m: Message) -> str:
-    parts = [p for p in (m.model and m.model.removeprefix("termchat:"), m.method and f"{m.method}") if p]
-    if m.temperature is not None:
-        parts.append(f"T={m.temperature:g}" + (" (lowered for code)" if m.lowered else ""))
-    s = m.stats or {}
-    if s.get("output_tokens"):
-        parts.append(f"{s['output_tokens']} tokens")
-    if s.get("decode_tokens_per_s"):
-        parts.append(f"{s['decode_tokens_per_s']:.1f} tok/s")
-    if s.get("ttft_s") is not None:
-        parts.append(f"TTFT {s['ttft_s']:.2f} s")
-    if s.get("acceptance_rate") is not None:
-        parts.append(f"acceptance {s['acceptance_rate']:.0%}")
-    if s.get("mean_acceptance_length") is not None:
-        parts.append(f"mean length {s['mean_acceptance_length']:.2f}")
-    if m.flagged:
-        parts.append(m.flagged)
-    return " · ".join(parts)
 
 
 def _title(text: str) -> str:
@@ -379,7 +365,7 @@ class ReplyWriter:
         if time.monotonic() - self._flushed >= self.interval:
             self.flush()
 
-    def flush(self, status: str | None = None, stats: dict | None = None, wait: float | None = None) -> bool:
+    def flush(self, status: str | None = None, stats: ReplyStats | None = None, wait: float | None = None) -> bool:
         """Write what is new; False if a lock kept it from the database this time."""
         if self.message_id is None or self.error is not None:
             return True
@@ -397,7 +383,7 @@ class ReplyWriter:
         self._flushed, self._flushed_len = time.monotonic(), len(text)
         return True
 
-    def finish(self, status: str = COMPLETE, stats: dict | None = None) -> None:
+    def finish(self, status: str = COMPLETE, stats: ReplyStats | None = None) -> None:
         deadline = time.monotonic() + self.FINAL_WAIT
         while not self.flush(status=status, stats=stats, wait=1.0) and self.error is None:
             if time.monotonic() > deadline:

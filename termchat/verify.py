@@ -37,7 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from termchat import models
-from termchat.engine import server
+from termchat.engine.connect import open_engine
+from termchat.engine.endpoint import Engine
 from termchat.engine.client import ChatStream, Sampling, complete
 from termchat.errors import UserError
 from termchat.profiles import Profile
@@ -104,7 +105,7 @@ def welch_t(a: list[float], b: list[float]) -> float:
 
 
 async def sample(
-    engine: server.Engine,
+    engine: Engine,
     prompts: list[str],
     seeds: range,
     temperature: float,
@@ -122,7 +123,7 @@ async def sample(
     return list(await asyncio.gather(*(one(p, s) for p in prompts for s in seeds)))
 
 
-async def collect(engine: server.Engine, seeds: range, temperature: float = 0.7, top_p: float = 0.95) -> Samples:
+async def collect(engine: Engine, seeds: range, temperature: float = 0.7, top_p: float = 0.95) -> Samples:
     greedy = [(await complete(engine, [{"role": "user", "content": p}], Sampling(temperature=0.0, max_tokens=64))).text for p in GREEDY_PROMPTS]
     return Samples(greedy, await sample(engine, SAMPLED_PROMPTS, seeds, temperature, top_p))
 
@@ -162,18 +163,18 @@ def acceptance(streams: list[ChatStream]) -> tuple[float, float]:
 
 
 def is_self_draft(profile: Profile) -> bool:
-    spec = profile.speculative or {}
-    if spec.get("method") != "draft_model" or not spec.get("model"):
+    spec = profile.speculative
+    if not spec or spec.method != "draft_model" or not spec.model:
         return False
     try:
-        return models.resolve(spec["model"]) == models.resolve(profile.model)
+        return models.resolve(spec.model) == models.resolve(profile.model)
     except UserError:
-        return spec["model"] == profile.model
+        return spec.model == profile.model
 
 
 def self_draft_check(spec: Samples, profile: Profile) -> Check:
     rate, _ = acceptance(spec.sampled)
-    method = (profile.speculative or {}).get("draft_sample_method", "greedy")
+    method = profile.speculative.options.get("draft_sample_method", "greedy")
     if method != "probabilistic":
         return Check("self-draft acceptance", None, f"{rate:.0%} at T=0.7; with draft_sample_method = \"{method}\" a self-draft is accepted only as often as the top token is sampled (set \"probabilistic\" for the 100% check)")
     return Check("self-draft acceptance", rate >= SELF_DRAFT_MIN_ACCEPTANCE, f"{rate:.0%} at T=0.7 (a model drafting for itself must be accepted >= {SELF_DRAFT_MIN_ACCEPTANCE:.0%})")
@@ -189,7 +190,7 @@ def verify(profile: Profile, progress: Callable[[str], None] = lambda line: None
     results: dict[str, Samples] = {}
     for label, variant in (("with speculation", profile), ("without speculation", profile.without_speculation())):
         progress(f"starting the engine {label}")
-        engine = server.open_engine(variant, progress=progress, attach=False)
+        engine = open_engine(variant, progress=progress, attach=False)
         try:
             progress(f"sampling {label}")
             results[label] = asyncio.run(collect(engine, seeds))

@@ -41,10 +41,32 @@ def vllm_processes() -> list[str]:
     return found
 
 
-def group_alive(pgid: int) -> list[int]:
-    from termchat.engine.server import _group_members
+async def wait_for(pilot, condition, timeout=180.0, what="condition"):
+    """Let a Pilot-driven app run until `condition()` holds."""
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.1)
 
-    return _group_members(pgid)
+
+async def streamed_view(app, pieces: list[str]):
+    """A reply view on screen, fed `pieces` as engine steps would (a stand-in for the stream)."""
+    from termchat.engine.stats import Step
+    from termchat.ui.widgets.message import MessageView
+
+    view = MessageView("assistant", "stand-in")
+    await app.query_one("#chat").mount(view)
+    for number, piece in enumerate(pieces):
+        await view.append(Step(piece, (number,), 0.0))
+    await view.finish(None)
+    return view
+
+
+def group_alive(pgid: int) -> list[int]:
+    from termchat.engine.process import group_members
+
+    return group_members(pgid)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -67,7 +89,7 @@ def prepared_model(termchat_home):
 @pytest.fixture(scope="session")
 def shared_engine(prepared_model):
     """The session's one `local` engine, run by `termchat serve`."""
-    from termchat.engine import server
+    from termchat.engine.served import find_served
     from termchat.profiles import builtin_profiles
 
     profile = builtin_profiles()["local"]
@@ -76,7 +98,7 @@ def shared_engine(prepared_model):
     deadline = time.monotonic() + 400
     engine = None
     while time.monotonic() < deadline and proc.poll() is None:
-        engine = server.find_served(profile)
+        engine = find_served(profile)
         if engine:
             break
         time.sleep(1)

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from termchat.bench import prompts as prompt_sets
+from termchat.engine.stats import ReplyStats
 from termchat.bench.report import Sample, bar_chart, ideal_speedup, lossless_line, quantiles, summarize, table, verdict
 from termchat.errors import UserError
+
+
+def sample(prompt_id, category, speculative, tokens_per_s, output_tokens, accepted=None, drafted=None, spec_steps=None, histogram=(), temperature=None, mean_logprob=None, run=0, steps=None) -> Sample:
+    """A bench sample in the report's own shape: one ReplyStats and where it stands."""
+    stats = ReplyStats(output_tokens=output_tokens, decode_tokens_per_s=tokens_per_s, accepted_tokens=accepted, draft_tokens=drafted, spec_steps=spec_steps, acceptance_histogram=list(histogram), temperature=temperature, steps=steps or 0)
+    return Sample(prompt_id, category, speculative, stats, run=run, mean_logprob=mean_logprob)
 
 
 def test_ideal_speedup_formula():
@@ -34,15 +41,15 @@ def test_quantiles():
 def test_summary_medians_ratios_and_acceptance():
     samples = [
         # prompt a: spec 30, 34 / base 20, 20 -> ratio 32/20 = 1.6
-        Sample("a", "code", True, 30.0, 100, accepted=30, drafted=50, spec_steps=10, histogram=[2, 2, 2, 2, 1, 1]),
-        Sample("a", "code", True, 34.0, 100, accepted=30, drafted=50, spec_steps=10, histogram=[2, 2, 2, 2, 1, 1]),
-        Sample("a", "code", False, 20.0, 100),
-        Sample("a", "code", False, 20.0, 100),
+        sample("a", "code", True, 30.0, 100, accepted=30, drafted=50, spec_steps=10, histogram=[2, 2, 2, 2, 1, 1]),
+        sample("a", "code", True, 34.0, 100, accepted=30, drafted=50, spec_steps=10, histogram=[2, 2, 2, 2, 1, 1]),
+        sample("a", "code", False, 20.0, 100),
+        sample("a", "code", False, 20.0, 100),
         # prompt b: spec 22 / base 22 -> ratio 1.0
-        Sample("b", "code", True, 22.0, 100, accepted=0, drafted=50, spec_steps=10, histogram=[10, 0, 0, 0, 0, 0]),
-        Sample("b", "code", False, 22.0, 100),
-        Sample("c", "chat", True, 10.0, 50, accepted=5, drafted=50, spec_steps=10, histogram=[6, 2, 1, 1, 0, 0]),
-        Sample("c", "chat", False, 20.0, 50),
+        sample("b", "code", True, 22.0, 100, accepted=0, drafted=50, spec_steps=10, histogram=[10, 0, 0, 0, 0, 0]),
+        sample("b", "code", False, 22.0, 100),
+        sample("c", "chat", True, 10.0, 50, accepted=5, drafted=50, spec_steps=10, histogram=[6, 2, 1, 1, 0, 0]),
+        sample("c", "chat", False, 20.0, 50),
     ]
     results = {r.category: r for r in summarize(samples, k=5, draft_cost=0.0)}
     code = results["code"]
@@ -89,7 +96,7 @@ def test_builtin_sets_have_twelve_honest_prompts_per_category():
 
 
 def _sampled(speculative: bool, logprobs: list[float], category: str = "chat") -> list[Sample]:
-    return [Sample(f"p{i}", category, speculative, 20.0 + i % 3, 64, accepted=5, drafted=50, spec_steps=10, histogram=[5, 5, 0, 0, 0, 0], temperature=0.7, mean_logprob=lp) for i, lp in enumerate(logprobs)]
+    return [sample(f"p{i}", category, speculative, 20.0 + i % 3, 64, accepted=5, drafted=50, spec_steps=10, histogram=[5, 5, 0, 0, 0, 0], temperature=0.7, mean_logprob=lp) for i, lp in enumerate(logprobs)]
 
 
 def test_a_category_where_speculation_changed_the_sampling_reports_no_speed_up():
@@ -108,7 +115,7 @@ def test_a_category_where_speculation_changed_the_sampling_reports_no_speed_up()
 
 
 def test_greedy_replies_are_not_judged_by_log_probabilities():
-    samples = [Sample("a", "code", s, 20.0, 64, accepted=5, drafted=50, spec_steps=10, temperature=0.0) for s in (True, False) for _ in range(5)]
+    samples = [sample("a", "code", s, 20.0, 64, accepted=5, drafted=50, spec_steps=10, temperature=0.0) for s in (True, False) for _ in range(5)]
     (result,) = summarize(samples, 5, 0.0)
     assert result.lossless_t is None and result.lossless
     assert lossless_line([("", result)]) == ""
@@ -116,8 +123,8 @@ def test_greedy_replies_are_not_judged_by_log_probabilities():
 
 def test_an_adaptive_proposer_is_judged_by_tokens_per_step_against_the_step_cost():
     # suffix: a low acceptance rate (few of its many proposed tokens pass) yet a clear gain
-    spec = [Sample(f"p{i}", "code", True, 30.0, 101, accepted=40, drafted=200, spec_steps=40, steps=61) for i in range(4)]
-    base = [Sample(f"p{i}", "code", False, 20.0, 101, steps=101) for i in range(4)]
+    spec = [sample(f"p{i}", "code", True, 30.0, 101, accepted=40, drafted=200, spec_steps=40, steps=61) for i in range(4)]
+    base = [sample(f"p{i}", "code", False, 20.0, 101, steps=101) for i in range(4)]
     (result,) = summarize(spec + base, 16, 0.0, method="suffix")
     assert result.acceptance == pytest.approx(0.2) and result.speedup == pytest.approx(1.5)
     assert result.tokens_per_step == pytest.approx(101 / 61)
@@ -127,7 +134,7 @@ def test_an_adaptive_proposer_is_judged_by_tokens_per_step_against_the_step_cost
 
 
 def test_repeated_prompts_are_reported_apart_from_the_first_time():
-    samples = [Sample("a", "code", True, 30.0, 64, run=0), Sample("a", "code", True, 120.0, 64, run=1), Sample("a", "code", True, 118.0, 64, run=2)]
-    samples += [Sample("a", "code", False, 20.0, 64, run=r) for r in range(3)]
+    samples = [sample("a", "code", True, 30.0, 64, run=0), sample("a", "code", True, 120.0, 64, run=1), sample("a", "code", True, 118.0, 64, run=2)]
+    samples += [sample("a", "code", False, 20.0, 64, run=r) for r in range(3)]
     (result,) = summarize(samples, 16, 0.0, method="suffix")
     assert result.speedup == pytest.approx(1.5) and result.repeat_speedup == pytest.approx(5.95)

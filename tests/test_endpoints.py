@@ -15,7 +15,7 @@ import time
 import pytest
 
 from termchat import cli
-from termchat.engine import server
+from termchat.engine.endpoint import Engine, plain_http_warning
 from termchat.profiles import Profile, parse_config
 from termchat.store import Store
 from termchat.ui.app import TermchatApp
@@ -93,10 +93,10 @@ async def test_the_tui_survives_a_malformed_stream(tmp_path):
 
 
 def test_loopback_never_uses_a_proxy_and_remote_endpoints_follow_the_environment():
-    local = server.Engine(Profile("p"), "http://127.0.0.1:8000/v1", None, "m")
-    assert not local.uses_proxy_settings and not server.Engine(Profile("p"), "http://localhost:1/v1", None, "m").uses_proxy_settings
-    assert not server.Engine(Profile("p"), "http://[::1]:1/v1", None, "m").uses_proxy_settings
-    assert server.Engine(Profile("p"), "https://gpu-box.example:8000/v1", None, "m").uses_proxy_settings
+    local = Engine(Profile("p"), "http://127.0.0.1:8000/v1", None, "m")
+    assert not local.uses_proxy_settings and not Engine(Profile("p"), "http://localhost:1/v1", None, "m").uses_proxy_settings
+    assert not Engine(Profile("p"), "http://[::1]:1/v1", None, "m").uses_proxy_settings
+    assert Engine(Profile("p"), "https://gpu-box.example:8000/v1", None, "m").uses_proxy_settings
 
 
 def test_ask_reaches_the_local_engine_with_a_dead_proxy_in_the_environment(shared_engine):
@@ -109,5 +109,5 @@ def test_ask_reaches_the_local_engine_with_a_dead_proxy_in_the_environment(share
 def test_a_key_sent_in_clear_to_another_host_gets_a_warning():
     config, problems = parse_config('[profiles.far]\nendpoint = "http://gpu-box:8000/v1"\napi_key_env = "GPU_KEY"\n[profiles.near]\nendpoint = "http://127.0.0.1:8000/v1"\napi_key_env = "GPU_KEY"\n', "c.toml")
     assert not problems
-    assert "plain http://" in server.plain_http_warning(config.get("far"))
-    assert server.plain_http_warning(config.get("near")) is None
+    assert "plain http://" in plain_http_warning(config.get("far"))
+    assert plain_http_warning(config.get("near")) is None

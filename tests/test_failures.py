@@ -72,7 +72,7 @@ async def test_tui_survives_an_engine_death_and_restarts(prepared_model):
         assert app.query_one(StatusBar).info.engine == "failed"
         panel = str(app.query_one("#engine-log").render())
         assert "F5 restarts it" in panel and "Last lines of" in panel
-        stored = Store().messages(app.recorder.conversation_id)
+        stored = Store().messages(app.session.conversation_id)
         assert [m.role for m in stored] == ["user", "assistant"]
         assert stored[0].content == LONG and stored[1].flagged == "interrupted"
         assert view.text.startswith(stored[1].content) and stored[1].content
@@ -100,7 +100,7 @@ async def test_repl_survives_an_engine_death_and_the_next_prompt_restarts_it(pre
                 await asyncio.sleep(0.1)
 
         await until(lambda: "ready" in "".join(out))
-        first = repl.engine
+        first = repl.engines.engine
         pipe.send_text(LONG + "\r")
         label = "[T=0 (text prompt)]"
         await until(lambda: label in "".join(out) and len("".join(out).split(label)[-1]) > 100)
@@ -108,11 +108,11 @@ async def test_repl_survives_an_engine_death_and_the_next_prompt_restarts_it(pre
         await until(lambda: "stopped answering mid-reply" in "".join(out))
         text = "".join(out)
         assert "The partial reply is kept" in text and "Last lines of" in text
-        stored = Store().messages(repl.recorder.conversation_id)
+        stored = Store().messages(repl.chat.conversation_id)
         assert [m.role for m in stored] == ["user", "assistant"] and stored[1].flagged == "interrupted", text
         assert stored[1].content, text
         pipe.send_text("Say hi.\r")
         await until(lambda: "".join(out).count("tok/s") >= 1)
-        assert repl.engine is not first and group_alive(first.pid) == []
+        assert repl.engines.engine is not first and group_alive(first.pid) == []
         pipe.send_text("\x04")
         assert await asyncio.wait_for(task, 60) == 0

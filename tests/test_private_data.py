@@ -15,11 +15,12 @@ import pytest
 
 from termchat import cli, paths
 from termchat.attach import fenced_file
-from termchat.engine import server
+from termchat.engine import process, served
 from termchat.errors import UserError
+from termchat.engine.stats import ReplyStats
 from termchat.profiles import builtin_profiles
 from termchat.repl import Repl
-from termchat.store import COMPLETE, ReplyWriter, Store
+from termchat.store import COMPLETE, MIGRATIONS, ReplyWriter, Store
 
 
 def mode(path: Path) -> int:
@@ -67,9 +68,9 @@ def test_engine_logs_are_pruned_to_the_last_few_per_profile(tmp_path):
         log.write_text("x")
         os.utime(log, (number, number))
     (tmp_path / "engine-local-draft-20261130-000000-1.log").write_text("another profile's")
-    server.prune_logs(tmp_path, "local")
+    process.prune_logs(tmp_path, "local")
     kept = sorted(p.name for p in tmp_path.glob("engine-local-2*.log"))
-    assert len(kept) == server.KEEP_LOGS - 1 and kept[-1].endswith("10007.log")  # room for the new one
+    assert len(kept) == process.KEEP_LOGS - 1 and kept[-1].endswith("10007.log")  # room for the new one
     assert (tmp_path / "engine-local-draft-20261130-000000-1.log").exists()
 
 
@@ -132,7 +133,7 @@ def test_two_processes_opening_a_fresh_database_at_once_both_succeed(tmp_path):
         for w in workers:
             w.join(60)
         assert [w.exitcode for w in workers] == [0, 0, 0], f"round {round_}"
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
 
 
 def test_a_lock_held_while_a_reply_streams_loses_nothing(tmp_path):
@@ -150,7 +151,7 @@ def test_a_lock_held_while_a_reply_streams_loses_nothing(tmp_path):
         writer.append(piece)
         time.sleep(0.01)
     streaming_took = time.monotonic() - started
-    writer.finish(COMPLETE, {"output_tokens": 230})
+    writer.finish(COMPLETE, ReplyStats(output_tokens=230))
     release.join()
     message = store.messages(conv)[-1]
     assert message.content == "".join(pieces) and message.status == COMPLETE
@@ -198,7 +199,7 @@ def test_a_damaged_or_foreign_serve_state_file_is_ignored(content):
     if content is None:  # well formed, but the pid is a live process that is not a vLLM server
         content = f'{{"base_url": "http://127.0.0.1:9/v1", "api_key": "k", "pid": {os.getpid()}, "model": "m", "log": "/tmp/x"}}'
     state.write_text(content)
-    assert server.find_served(profile) is None
+    assert served.find_served(profile) is None
     assert not state.exists()
 
 
@@ -214,7 +215,7 @@ async def test_the_tui_asks_before_overwriting_an_export(tmp_path):
     app = TermchatApp(start_engine=False, resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         for answer in ("n", "y"):
-            app._export(conv, "md")
+            app.chat_screen.export(conv, "md")
             await pilot.pause(0.2)
             app.screen.query_one("Input").value = str(target)
             await pilot.press("enter")

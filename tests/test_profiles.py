@@ -40,7 +40,7 @@ def test_builtin_local_exists_without_any_file(capsys):
 
 def test_article_profile_translates_the_vllm_08_spelling_and_dry_run_shows_it(capsys):
     profile = load_config(EXAMPLE).get("llama70b-awq")
-    assert profile.speculative == {"method": "draft_model", "model": "meta-llama/Llama-3.1-8B-Instruct", "num_speculative_tokens": 5}
+    assert profile.speculative.vllm_config() == {"method": "draft_model", "model": "meta-llama/Llama-3.1-8B-Instruct", "num_speculative_tokens": 5}
     code, out, _ = run(capsys, "serve", "--config", str(EXAMPLE), "--profile", "llama70b-awq", "--dry-run")
     assert code == 0
     assert '--speculative-config \'{"method":"draft_model","model":"meta-llama/Llama-3.1-8B-Instruct","num_speculative_tokens":5}\'' in out
@@ -49,7 +49,7 @@ def test_article_profile_translates_the_vllm_08_spelling_and_dry_run_shows_it(ca
 
 
 def test_trust_remote_code_only_when_a_profile_sets_it():
-    from termchat.engine.server import server_command
+    from termchat.engine.command import server_command
 
     config, _ = parse_config('[profiles.a]\nmodel = "m"\n[profiles.b]\nmodel = "m"\ntrust_remote_code = true\n', "x.toml")
     assert "--trust-remote-code" not in server_command(config.profiles["a"], resolve_model=False)
@@ -61,7 +61,7 @@ def test_legacy_ngram_spelling(tmp_path):
     text = '[profiles.p]\nmodel = "m"\nspeculative_model = "[ngram]"\nnum_speculative_tokens = 4\nngram_prompt_lookup_max = 3\n'
     config, problems = parse_config(text, "x.toml")
     assert not problems
-    assert config.profiles["p"].speculative == {"method": "ngram", "prompt_lookup_max": 3, "num_speculative_tokens": 4}
+    assert config.profiles["p"].speculative.vllm_config() == {"method": "ngram", "prompt_lookup_max": 3, "num_speculative_tokens": 4}
 
 
 BAD = {

@@ -30,7 +30,7 @@ async def test_repl_answers_a_prompt_and_keeps_history_between_runs(shared_engin
     assert "ready" in text
     assert "[T=0.7 (text prompt)]" in text and "[T=0 (set with /temp)]" in text
     assert text.count("tok/s") == 2 and "acceptance" in text
-    stored = Store().messages(repl.recorder.conversation_id)
+    stored = Store().messages(repl.chat.conversation_id)
     assert [m.role for m in stored] == ["user", "assistant", "user", "assistant"]
     assert stored[1].content.strip() and stored[1].content.strip()[:20] in text
     # a second run finds the first run's prompts in its history
@@ -44,7 +44,32 @@ async def test_file_goes_with_the_next_message_only_as_a_fenced_block(shared_eng
     keys = f"/file {source}\rName the function in one word.\rSay yes.\r\x04"
     text, repl = await run_repl(keys, tmp_path / "history")
     assert f"attached {source}" in text
-    stored = [m for m in Store().messages(repl.recorder.conversation_id) if m.role == "user"]
+    stored = [m for m in Store().messages(repl.chat.conversation_id) if m.role == "user"]
     assert stored[0].content.startswith("Name the function in one word.\n\n")
     assert "```python" in stored[0].content and "def add(a, b):\n    return a + b" in stored[0].content
     assert stored[1].content == "Say yes."  # the attachment was used once
+
+
+async def test_the_repl_has_the_coding_commands_of_the_table(shared_engine, tmp_path, monkeypatch):
+    """/run, /add, /apply (diff, then y), /undo and /edit, from the one command table."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    keys = "\r".join([
+        "/run echo out-of-run",
+        "/add",
+        "Reply with exactly this block and nothing else:\n```python\ndef add(a, b):\n    return a + b\n```",
+        "/apply 1 calc.py", "n",
+        "/undo",
+        "/edit 1",
+        "",  # Enter sends the edited message (put back in the prompt) on the new branch
+    ]) + "\r\x04"
+    text, repl = await run_repl(keys, tmp_path / "history")
+    assert "out-of-run" in text and "exit 0" in text
+    sent = [m for m in Store().messages(repl.chat.conversation_id) if m.role == "user"]
+    assert "Output of `echo out-of-run` (exit 0)" in sent[0].content  # /add sent it with the next message
+    assert "--- a/calc.py" in text and "+++ b/calc.py" in text  # the diff came before the question
+    assert "nothing written" in text and (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
+    assert "nothing to undo" in text
+    assert "editing on a new branch" in text and repl.chat.conversation_id != sent[0].conversation_id
+    branch = Store().messages(repl.chat.conversation_id)
+    assert [m.role for m in branch] == ["user", "assistant"] and branch[0].content == sent[0].content

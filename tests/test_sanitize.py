@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 
 from termchat.cli import terminal_text
-from termchat.engine.stats import Step
 from termchat.repl import ReplyPrinter
 from termchat.sanitize import inert
 from termchat.ui.app import TermchatApp
-from termchat.ui.widgets.message import MessageView
+
+from .conftest import streamed_view
 
 # A stand-in reply (scripted, not from the engine) carrying what a hostile or
 # broken model could print: OSC 52 clipboard write, colours, cursor moves,
@@ -56,11 +56,7 @@ def test_repl_printer_emits_only_its_own_colour_codes():
 async def test_tui_shows_the_reply_inert():
     app = TermchatApp(start_engine=False, resume=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        view = MessageView("assistant", "stand-in")
-        await app.query_one("#chat").mount(view)
-        for number, piece in enumerate(HOSTILE):
-            await view.append(Step(piece, (number,), 0.0))
-        await view.finish(None)
+        view = await streamed_view(app, HOSTILE)
         await pilot.pause()
         source = view.body.source
         assert "\x1b" not in source and "\x07" not in source and "Hello there" in source

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from termchat.engine.endpoint import EngineState
 from termchat.engine.stats import ReplyStats
 from termchat.profiles import load_config
 from termchat.ui.app import TermchatApp
@@ -33,6 +34,7 @@ Run it with `pytest`."""
 
 async def fixed_conversation(pilot) -> None:
     app = pilot.app
+    await pilot.pause()  # the chat screen has mounted (it shows the profile on mount)
     app.query_one(PromptArea).cursor_blink = False
     chat = app.query_one("#chat")
     await chat.mount(MessageView("user", "you", "Write an add function and a pytest test for it."))
@@ -42,7 +44,7 @@ async def fixed_conversation(pilot) -> None:
     await chat.mount(view)
     stats = ReplyStats(output_tokens=58, ttft_s=0.31, decode_tokens_per_s=31.4, acceptance_rate=0.62, mean_acceptance_length=3.1, temperature=0.0)
     await view.finish(stats)
-    app.status(engine="ready", tokens_per_s=31.4, acceptance=0.62, mean_length=3.1, temperature=0.0, lowered=True, context_used=142, history=[22.0, 25.5, 31.4])
+    app.chat_screen.status(engine=EngineState.READY, reply=stats, lowered=True, context_used=142, history=[22.0, 25.5, 31.4])
     await pilot.pause()
 
 
@@ -65,21 +67,22 @@ def test_main_screen(snap_compare, theme):
     assert snap_compare(make_app(theme), terminal_size=(110, 36), run_before=fixed_conversation)
 
 
-@pytest.mark.parametrize("theme", THEMES)
-def test_help_screen(snap_compare, theme):
+def pressing(key: str):
+    """The fixed conversation, then one key (the screen it opens is the picture)."""
+
     async def before(pilot):
         await fixed_conversation(pilot)
-        await pilot.press("f1")
+        await pilot.press(key)
         await pilot.pause()
 
-    assert snap_compare(make_app(theme), terminal_size=(110, 36), run_before=before)
+    return before
+
+
+@pytest.mark.parametrize("theme", THEMES)
+def test_help_screen(snap_compare, theme):
+    assert snap_compare(make_app(theme), terminal_size=(110, 36), run_before=pressing("f1"))
 
 
 @pytest.mark.parametrize("theme", THEMES)
 def test_profile_picker(snap_compare, theme):
-    async def before(pilot):
-        await fixed_conversation(pilot)
-        await pilot.press("f2")
-        await pilot.pause()
-
-    assert snap_compare(make_app(theme), terminal_size=(110, 36), run_before=before)
+    assert snap_compare(make_app(theme), terminal_size=(110, 36), run_before=pressing("f2"))

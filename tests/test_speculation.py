@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from termchat import verify
-from termchat.engine import server
+from termchat.engine.connect import open_engine
 from termchat.engine.client import Sampling, complete_sync
 from termchat.profiles import builtin_profiles, load_config
 
@@ -32,7 +32,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def nospec_engine(prepared_model):
-    engine = server.open_engine(builtin_profiles()["local"].without_speculation(), attach=False)
+    engine = open_engine(builtin_profiles()["local"].without_speculation(), attach=False)
     yield engine
     engine.stop()
 
@@ -45,7 +45,7 @@ def without_speculation(nospec_engine):
 
 @pytest.fixture(scope="module")
 def ngram_engine(prepared_model):
-    engine = server.open_engine(builtin_profiles()["local-ngram"], attach=False)
+    engine = open_engine(builtin_profiles()["local-ngram"], attach=False)
     yield engine
     engine.stop()
 
@@ -83,7 +83,7 @@ def test_stopping_an_engine_leaves_no_process(nospec_engine):
 
 def test_draft_equal_to_target_accepts_everything_at_temperature_0(prepared_model):
     profile = load_config(ROOT / "config.example.toml").get("local-draft")
-    engine = server.open_engine(profile, attach=False)
+    engine = open_engine(profile, attach=False)
     try:
         stream = complete_sync(engine, [{"role": "user", "content": "Explain what a linked list is."}], Sampling(temperature=0.0, max_tokens=96))
     finally:
@@ -102,8 +102,8 @@ def test_a_model_drafting_for_itself_is_accepted_at_temperature_0_7_and_1(prepar
     and the rate over all proposed drafts is lower (after a rejection the rest
     of the step's drafts are discarded)."""
     profile = load_config(ROOT / "config.example.toml").get("local-draft")
-    profile = replace(profile, speculative={**profile.speculative, "draft_sample_method": "probabilistic"})
-    engine = server.open_engine(profile, attach=False)
+    profile = replace(profile, speculative=profile.speculative.with_changes(draft_sample_method="probabilistic"))
+    engine = open_engine(profile, attach=False)
     prompts = [verify.SAMPLED_PROMPTS[0], "Write a short poem about the sea at night."]
     try:
         results = {(t, p): asyncio.run(verify.sample(engine, prompts, range(3), t, p, max_tokens=64)) for t in (0.7, 1.0) for p in (1.0, 0.9)}

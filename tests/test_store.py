@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from termchat.engine.stats import ReplyStats
 from termchat.store import COMPLETE, CUT, MIGRATIONS, STREAMING, ReplyWriter, Store, StoreError
 
 REPLY = """Here you go:
@@ -67,7 +68,7 @@ def test_export_round_trip_keeps_every_message_and_code_block(tmp_path):
     conv = store.new_conversation("local")
     store.add_message(conv, "user", "Write add in two languages.")
     store.add_message(conv, "assistant", REPLY, profile="local", model="termchat:smollm2-135m-instruct", method="ngram", temperature=0.0, lowered=True,
-                      stats={"output_tokens": 40, "decode_tokens_per_s": 31.5, "ttft_s": 0.2, "acceptance_rate": 0.61, "mean_acceptance_length": 3.2})
+                      stats=ReplyStats(output_tokens=40, decode_tokens_per_s=31.5, ttft_s=0.2, acceptance_rate=0.61, mean_acceptance_length=3.2))
     store.add_message(conv, "user", "Thanks!")
     store.add_message(conv, "assistant", "You're welcome.", status=CUT, profile="local")
     md = store.export_markdown(conv)

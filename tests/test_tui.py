@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
+from termchat.engine.stats import ReplyStats
 from termchat.profiles import parse_config
 from termchat.ui.app import TermchatApp
 from termchat.ui.widgets.message import MessageView
 from termchat.ui.widgets.prompt import PromptArea
 from termchat.ui.widgets.status import StatusBar
 
-from .conftest import group_alive
+from .conftest import group_alive, wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -29,18 +29,17 @@ env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0" }
 """
 
 
-async def wait_for(pilot, condition, timeout=180.0, what="condition"):
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.2)
-
-
 async def type_and_send(pilot, text: str) -> None:
     pilot.app.query_one(PromptArea).focus()
     await pilot.press(*[c if c != " " else "space" for c in text])
     await pilot.press("enter")
+
+
+async def ask(pilot, text: str) -> MessageView:
+    """Send a prompt and wait for the whole reply; its view."""
+    await type_and_send(pilot, text)
+    await wait_for(pilot, lambda: replies(pilot.app) and replies(pilot.app)[-1].stats is not None, what="reply")
+    return replies(pilot.app)[-1]
 
 
 def replies(app) -> list[MessageView]:
@@ -56,12 +55,10 @@ async def test_prompt_streams_a_reply_and_the_status_bar_shows_speed_and_accepta
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         assert app.engine.base_url == shared_engine.base_url  # attached to the shared engine
-        await type_and_send(pilot, "Say hello to Ada.")
-        await wait_for(pilot, lambda: replies(app) and replies(app)[-1].stats is not None, what="reply")
-        view = replies(app)[-1]
+        view = await ask(pilot, "Say hello to Ada.")
         assert view.text.strip() and len(view.steps) > 1
         status = app.query_one(StatusBar)
-        assert status.info.tokens_per_s and status.info.tokens_per_s > 0
+        assert status.info.reply.decode_tokens_per_s and status.info.reply.decode_tokens_per_s > 0
         assert "tok/s" in status.text and "acc " in status.text and "%" in status.text
         assert status.info.history  # the sparkline got a point
         assert "T 0.7" in status.text and "↓code" not in status.text
@@ -71,9 +68,7 @@ async def test_code_prompt_lowers_the_temperature_and_says_why(shared_engine):
     app = TermchatApp(resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        await type_and_send(pilot, "écris un test Jest pour la fonction add")
-        await wait_for(pilot, lambda: replies(app) and replies(app)[-1].stats is not None, what="reply")
-        view = replies(app)[-1]
+        view = await ask(pilot, "écris un test Jest pour la fonction add")
         assert "T=0 ↓code" in view._header and "jest" in view._header
         assert "↓code" in app.query_one(StatusBar).text
         assert view.stats.temperature == 0.0
@@ -90,13 +85,14 @@ async def test_escape_cancels_a_reply_and_keeps_the_partial_text(shared_engine):
         await ready(pilot)
         # greedy and long, so the reply is still running when Escape lands
         status = app.query_one(StatusBar)
-        status.refresh_info(acceptance=0.99, mean_length=5.9)  # as if the previous reply had accepted nearly all
+        status.refresh_info(reply=ReplyStats(acceptance_rate=0.99, mean_acceptance_length=5.9))  # as if the previous reply had accepted nearly all
         await type_and_send(pilot, "/temp 0")
         await type_and_send(pilot, "Count from 1 to 400, separated by commas.")
         await wait_for(pilot, lambda: replies(app) and len(replies(app)[-1].steps) >= 5, what="first steps")
-        await wait_for(pilot, lambda: status.info.mean_length is not None, timeout=10, what="live figures")
+        await wait_for(pilot, lambda: status.info.live and status.info.reply.mean_acceptance_length is not None, timeout=10, what="live figures")
         # while streaming: this reply's own figures, from step sizes, marked as live (~)
-        assert status.info.live and status.info.acceptance != 0.99 and status.info.mean_length != 5.9 and "len ~" in status.text
+        live = status.info.reply
+        assert live.acceptance_rate != 0.99 and live.mean_acceptance_length != 5.9 and "len ~" in status.text
         await pilot.press("escape")
         await wait_for(pilot, lambda: replies(app)[-1].cut, what="cut")
         view = replies(app)[-1]
@@ -107,8 +103,9 @@ async def test_escape_cancels_a_reply_and_keeps_the_partial_text(shared_engine):
         footer = str(view.query_one(".footer").render())
         assert "cut" in footer and "tok/s" in footer  # the cut reply shows its own statistics
         assert view.stats.output_tokens == sum(len(s.token_ids) for s in view.steps)
-        assert status.info.mean_length == view.stats.mean_acceptance_length and "~" not in status.text
-        assert app.conversation.messages[-1] == {"role": "assistant", "content": partial}
+        assert status.info.reply is view.stats and "~" not in status.text  # one ReplyStats, from the engine to the status bar
+        last = app.session.conversation.messages[-1]
+        assert (last["role"], last["content"]) == ("assistant", partial)
 
 
 async def test_file_refuses_a_binary_file_with_a_message(shared_engine, tmp_path):
@@ -120,7 +117,7 @@ async def test_file_refuses_a_binary_file_with_a_message(shared_engine, tmp_path
         await pilot.pause(0.2)
         messages = [n.message for n in app._notifications]
         assert any("is a binary file; only text files can be attached" in m for m in messages), messages
-        assert app.conversation.attachments == []
+        assert app.session.conversation.attachments == []
 
 
 async def test_switching_profile_stops_the_old_engine_and_shows_the_new_name(shared_engine):
@@ -131,7 +128,7 @@ async def test_switching_profile_stops_the_old_engine_and_shows_the_new_name(sha
         await ready(pilot)
         own = app.engine
         assert own.owned and group_alive(own.pid)
-        assert app.query_one(StatusBar).info.profile == "plain"
+        assert app.query_one(StatusBar).info.profile.name == "plain"
         await type_and_send(pilot, "hi")
         await wait_for(pilot, lambda: replies(app) and replies(app)[-1].stats is not None, what="reply on plain")
         assert replies(app)[-1].stats.acceptance_rate is None  # no speculation on this profile
@@ -141,7 +138,7 @@ async def test_switching_profile_stops_the_old_engine_and_shows_the_new_name(sha
         await pilot.press("home", "enter")
         await wait_for(pilot, lambda: app.profile.name == "local" and app.engine is not None and app.engine.state == "ready", what="switch")
         assert group_alive(own.pid) == []  # the old engine's processes are gone
-        assert app.query_one(StatusBar).info.profile == "local"
+        assert app.query_one(StatusBar).info.profile.name == "local"
         assert "local" in app.query_one(StatusBar).text
         assert replies(app)[0].text  # the conversation stays on screen
         await asyncio.sleep(0)
@@ -151,9 +148,7 @@ async def test_draft_tint_marks_the_text_from_accepted_drafts(shared_engine):
     app = TermchatApp(resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        await type_and_send(pilot, "Repeat this code exactly: def add(a, b): return a + b; def sub(a, b): return a - b; def mul(a, b): return a * b")
-        await wait_for(pilot, lambda: replies(app) and replies(app)[-1].stats is not None, what="reply")
-        view = replies(app)[-1]
+        view = await ask(pilot, "Repeat this code exactly: def add(a, b): return a + b; def sub(a, b): return a - b; def mul(a, b): return a * b")
         multi = [s for s in view.steps if len(s.token_ids) > 1]
         assert multi, "no step accepted a draft; the tint would have nothing to show"
         await pilot.press("f8")
@@ -163,7 +158,7 @@ async def test_draft_tint_marks_the_text_from_accepted_drafts(shared_engine):
         assert content.plain == "".join(s.text for s in view.steps)
         assert tinted and len(tinted) < len(content.plain)  # some text from drafts, not all
         # a tinted piece never includes a step's own last token
-        assert all(app.token_text.get(s.token_ids[-1]) is not None for s in multi)
+        assert all(app.chat_screen.token_text.get(s.token_ids[-1]) is not None for s in multi)
         await pilot.press("f8")
         await pilot.pause(0.3)
         assert not view.has_class("tinted")

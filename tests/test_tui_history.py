@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from termchat.engine.stats import ReplyStats
 from termchat.store import CUT, Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.history import HistoryScreen
@@ -17,7 +18,7 @@ def seed(store: Store) -> tuple[int, int]:
     store.add_message(older, "assistant", "older answer", profile="local", temperature=0.7)
     newer = store.new_conversation("local")
     store.add_message(newer, "user", "newest question")
-    store.add_message(newer, "assistant", "partial ans", status=CUT, profile="local", temperature=0.0, stats={"output_tokens": 3, "prompt_tokens": 40, "decode_tokens_per_s": 12.5})
+    store.add_message(newer, "assistant", "partial ans", status=CUT, profile="local", temperature=0.0, stats=ReplyStats(output_tokens=3, prompt_tokens=40, decode_tokens_per_s=12.5))
     return older, newer
 
 
@@ -30,8 +31,9 @@ async def test_the_last_conversation_is_resumed_and_others_open_from_history(tmp
         views = list(app.query(MessageView))
         assert [v.text for v in views] == ["newest question", "partial ans"]
         assert "cut" in str(views[1].query_one(".footer").render())
-        assert app.conversation.messages[-1] == {"role": "assistant", "content": "partial ans"}
-        assert app.recorder.conversation_id == newer  # the next prompt continues it
+        last = app.session.conversation.messages[-1]
+        assert (last["role"], last["content"]) == ("assistant", "partial ans")
+        assert app.session.conversation_id == newer  # the next prompt continues it
         assert app.query_one(StatusBar).info.context_used == 43  # its context, from the stored stats
 
         await pilot.press("f3")
@@ -42,12 +44,12 @@ async def test_the_last_conversation_is_resumed_and_others_open_from_history(tmp
         await pilot.press("enter")
         await pilot.pause(0.5)
         assert [v.text for v in app.query(MessageView)] == ["older question about rust lifetimes", "older answer"]
-        assert app.recorder.conversation_id == older
+        assert app.session.conversation_id == older
         assert app.query_one(StatusBar).info.context_used is None  # no stats stored for it
 
         await pilot.press("ctrl+n")
         await pilot.pause(0.2)
-        assert list(app.query(MessageView)) == [] and app.recorder is None
+        assert list(app.query(MessageView)) == [] and app.session.recorder is None
 
 
 async def test_rename_delete_and_export_from_the_history_screen(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ async def test_keys_reach_the_app_from_the_prompt():
     app = TermchatApp(config=config, start_engine=False, resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         assert isinstance(app.focused, PromptArea)
-        expected = {"ctrl+g": "no code block to copy yet", "ctrl+s": "no code block to save yet", "ctrl+l": "no prompt to edit yet", "ctrl+r": "nothing to regenerate yet", "f8": "draft tint on", "f4": "automatic code temperature off"}
+        expected = {"ctrl+g": "no code block to copy yet", "ctrl+s": "no code block to save yet", "ctrl+l": "no prompt to edit yet", "ctrl+r": "nothing to regenerate yet", "f8": "draft tint on", "f4": "automatic code temperature off", "f9": "no code block to apply yet", "ctrl+o": "no command output yet"}
         for key, message in expected.items():
             await pilot.press(key)
             await pilot.pause(0.1)

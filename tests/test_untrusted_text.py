@@ -9,12 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from termchat import cli
-from termchat.engine.stats import Step
 from termchat.sanitize import BIDI, Sanitizer, clean_code, inert
 from termchat.store import Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.widgets.message import MessageView
+
+from .conftest import streamed_view
 
 # characters that make escape sequences interesting, plus ordinary text
 ALPHABET = st.sampled_from(list("\x1b\x07\x9b\x9c\x9d\x90[]\\;0123456789mPX^_ABCabc \n\t\r\x00\x7f\x85") + sorted(BIDI) + ["\u200b", "é", "✓"])
@@ -94,11 +95,7 @@ async def test_replay_of_a_stored_reply_shows_what_the_stream_showed():
     pieces = ["Hello \x1b]8;;http://x\x07link", " text \x1b]0;unterminated title", "\nnext line \u202e done\n"]
     app = TermchatApp(start_engine=False, resume=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        live = MessageView("assistant", "stand-in")
-        await app.query_one("#chat").mount(live)
-        for number, piece in enumerate(pieces):
-            await live.append(Step(piece, (number,), 0.0))
-        await live.finish(None)
+        live = await streamed_view(app, pieces)
         replay = MessageView("assistant", "stand-in", "".join(pieces))
         await app.query_one("#chat").mount(replay)
         await pilot.pause()
@@ -114,7 +111,7 @@ async def test_copying_a_code_block_strips_escape_sequences_and_warns():
         view = MessageView("assistant", "stand-in", "```sh\necho safe\x1b[8m; rm -rf ~\x1b[0m\n```\n")
         await app.query_one("#chat").mount(view)
         await pilot.pause()
-        app.action_copy_code()
+        app.chat_screen.action_copy_code()
         await pilot.pause()
         assert copied == ["echo safe; rm -rf ~\n"]
         assert any("escape sequences removed" in n.message for n in app._notifications)

@@ -15,7 +15,7 @@ def test_wheel_contains_and_loads_its_data(tmp_path):
     wheel = next(tmp_path.glob("termchat-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("termchat/themes/termchat-dark.toml", "termchat/themes/termchat-light.toml", "termchat/themes/high-contrast.toml",
-                 "termchat/bench/prompts/code.jsonl", "termchat/ui/app.tcss"):
+                 "termchat/bench/prompts/code.jsonl", "termchat/ui/widgets/message.tcss", "termchat/ui/screens/chat.tcss"):
         assert name in names, name
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from termchat.bench import prompts as prompt_sets
@@ -62,15 +63,15 @@ def draft_cost(profile: Profile, override: float | None) -> float:
     """c in the ideal-speed-up formula: a draft step's cost over a target step's."""
     if override is not None:
         return override
-    spec = profile.speculative or {}
-    if spec.get("method") in ("ngram", "suffix"):
+    spec = profile.speculative
+    if spec and spec.adaptive:
         return 0.0  # a lookup in the prompt, no model
-    if spec.get("method") == "draft_model":
-        if spec.get("model") == profile.model:
+    if spec and spec.method == "draft_model":
+        if spec.model == profile.model:
             return 1.0
         from termchat.advisor import params_billion
 
-        target, draft = params_billion(profile.model), params_billion(spec.get("model", ""))
+        target, draft = params_billion(profile.model), params_billion(spec.model or "")
         if target and draft:
             return draft / target
         return 0.1
@@ -78,7 +79,6 @@ def draft_cost(profile: Profile, override: float | None) -> float:
 
 
 def cmd_bench(args) -> int:
-    from dataclasses import replace
 
     from termchat.profiles import load_config
 
@@ -119,10 +119,10 @@ def cmd_bench(args) -> int:
             value = " ".join(filter(None, [profile.name if len(profiles) > 1 else "", condition.label() if sweep else ""]))
             rows += [(value, r) for r in summary]
             conditions.append({"k": k, "temperature": condition.temperature if condition.temperature is not None else "auto", "categories": [r.to_dict() for r in summary]})
-        per_profile[profile.name] = {"model": profile.model, "speculative": profile.speculative, "draft_cost": c, "conditions": conditions}
+        per_profile[profile.name] = {"model": profile.model, "speculative": profile.speculative.vllm_config() if profile.speculative else None, "draft_cost": c, "conditions": conditions}
         if profile.speculative and not args.prompts and temperatures == [None] and ks == [None]:
             results_store.remember(profile.name, conditions[0]["categories"], args.runs, args.max_tokens)
-    described = ", ".join(f"{p.name} ({p.method + ' k=' + str(p.num_speculative_tokens) if p.speculative else 'no speculation'})" for p in profiles)
+    described = ", ".join(f"{p.name} ({p.speculative.label() if p.speculative else 'no speculation'})" for p in profiles)
     header = (
         f"termchat bench: {described} on {profiles[0].model}, "
         f"{len(prompts)} prompts x {args.runs} runs, max {args.max_tokens} tokens, "
@@ -143,7 +143,7 @@ def cmd_bench(args) -> int:
         "profiles": per_profile,
         "machine": machine(),
         "settings": {"runs": args.runs, "max_tokens": args.max_tokens, "temperatures": [t if t is not None else "auto" for t in temperatures], "num_speculative_tokens": [k for k in ks], "prompts": args.prompts or "built-in", "started": started},
-        "samples": {name: {c.label(): [s.__dict__ for s in samples] for c, samples in by_condition.items()} for name, by_condition in results.items()},
+        "samples": {name: {c.label(): [asdict(s) for s in samples] for c, samples in by_condition.items()} for name, by_condition in results.items()},
     }
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2))
@@ -168,8 +168,8 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def register(sub, common) -> None:
-    p = common(sub.add_parser("bench", help="measure speculation against no speculation per prompt category; --profile a,b,c compares profiles"))
+def register(sub, choose) -> None:
+    p = sub.add_parser("bench", help="measure speculation against no speculation per prompt category; --profile a,b,c compares profiles", parents=[choose])
     p.add_argument("--categories", help="comma-separated, e.g. code,creative (default: all five)")
     p.add_argument("--prompts", help="a Spec-Bench JSONL file instead of the built-in sets")
     p.add_argument("--runs", type=int, default=3, help="runs per prompt (default 3; the article used 20)")

@@ -20,7 +20,8 @@ import time
 
 import httpx
 
-from termchat.engine import server
+from termchat.engine import served
+from termchat.engine.process import ManagedEngine
 from termchat.profiles import load_config
 
 CODE_REWRITE = """Rewrite this Python function so that it uses a list comprehension, and keep everything else identical:
@@ -58,7 +59,7 @@ def direct(engine, max_tokens: int) -> float:
     }
     first = last = None
     tokens = 0
-    with httpx.stream("POST", engine.base_url + "/chat/completions", json=body, headers=engine.headers(), timeout=300) as response:
+    with httpx.stream("POST", engine.base_url + "/chat/completions", json=body, headers=engine.headers(), timeout=300, trust_env=engine.uses_proxy_settings) as response:
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -93,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     for label, profile in (("speculation", spec_profile), ("no speculation", spec_profile.without_speculation())):
         print(f"starting {profile.name} ...", file=sys.stderr, flush=True)
-        engine = server.ManagedEngine.launch(profile)
+        engine = ManagedEngine.launch(profile)
         try:
             engine.wait_ready()
             # `termchat ask --profile NAME` attaches to a served engine of that name
-            server.write_serve_state(engine)
+            served.write_state(engine)
             direct(engine, args.max_tokens)  # warm-up: the first request after start-up is slow
             a, b = [], []
             for run in range(args.runs):
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {label} run {run + 1}: direct {a[-1]:.1f}, termchat {b[-1]:.1f} tok/s", file=sys.stderr, flush=True)
             rows[label] = (statistics.median(a), statistics.median(b))
         finally:
-            server.remove_serve_state(profile.name)
+            served.remove_state(profile.name)
             engine.stop()
     print(f"\ndecode tokens/s, median of {args.runs} runs, temperature 0, max {args.max_tokens} tokens, profile {args.profile}")
     print(f"{'':16}{'vLLM direct':>12}{'termchat ask':>14}{'overhead':>10}")

@@ -22,29 +22,23 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from termchat.advisor import ADAPTIVE_METHODS, band
+from termchat.engine.stats import ReplyStats
 from termchat.verify import T_LIMIT, welch_t
 
 
 @dataclass
 class Sample:
-    """One request's figures."""
+    """One bench request: the reply's own statistics, and where it stands in the run."""
 
     prompt_id: str
     category: str
     speculative: bool
-    decode_tokens_per_s: float
-    output_tokens: int
-    accepted: int | None = None
-    drafted: int | None = None
-    spec_steps: int | None = None
-    histogram: list[int] = field(default_factory=list)
-    temperature: float | None = None
-    mean_logprob: float | None = None  # of the sampled tokens, at T > 0
+    stats: ReplyStats
     run: int = 0  # 0: the first time the engine saw this prompt; later runs may hit a proposer's cache
-    steps: int | None = None  # engine steps of the reply (each verification step counts once)
+    mean_logprob: float | None = None  # of the sampled tokens, at T > 0
 
 
 MIN_REPLIES_FOR_LOSSLESS = 4
@@ -52,8 +46,8 @@ MIN_REPLIES_FOR_LOSSLESS = 4
 
 def lossless_t(spec: list[Sample], base: list[Sample]) -> float | None:
     """Welch's t of the sampled replies' mean log-probabilities (None: too few replies at T > 0)."""
-    a = [s.mean_logprob for s in spec if s.mean_logprob is not None and s.temperature]
-    b = [s.mean_logprob for s in base if s.mean_logprob is not None and s.temperature]
+    a = [s.mean_logprob for s in spec if s.mean_logprob is not None and s.stats.temperature]
+    b = [s.mean_logprob for s in base if s.mean_logprob is not None and s.stats.temperature]
     if min(len(a), len(b)) < MIN_REPLIES_FOR_LOSSLESS:
         return None
     return welch_t(a, b)
@@ -92,9 +86,9 @@ def step_cost(spec: list[Sample], base: list[Sample]) -> float | None:
     the method, a step verifies its drafts in one forward pass)."""
 
     def per_step(samples: list[Sample]) -> float | None:
-        timed = [s for s in samples if s.steps and s.steps > 1 and s.decode_tokens_per_s]
-        seconds = sum((s.output_tokens - 1) / s.decode_tokens_per_s for s in timed)
-        steps = sum(s.steps - 1 for s in timed)
+        timed = [s for s in samples if s.stats.steps and s.stats.steps > 1 and s.stats.decode_tokens_per_s]
+        seconds = sum((s.stats.output_tokens - 1) / s.stats.decode_tokens_per_s for s in timed)
+        steps = sum(s.stats.steps - 1 for s in timed)
         return seconds / steps if steps else None
 
     a, b = per_step(spec), per_step(base)
@@ -140,27 +134,27 @@ def summarize(samples: list[Sample], k: int | None, draft_cost: float, method: s
         repeats = [s for s in every if s.run > 0]
         if not spec or not base:
             continue
-        spec_tps = quantiles([s.decode_tokens_per_s for s in spec])
-        base_tps = quantiles([s.decode_tokens_per_s for s in base])
+        spec_tps = quantiles([s.stats.decode_tokens_per_s for s in spec])
+        base_tps = quantiles([s.stats.decode_tokens_per_s for s in base])
         speedup = spec_tps[1] / base_tps[1]
-        repeat = statistics.median(s.decode_tokens_per_s for s in repeats) / base_tps[1] if repeats else None
+        repeat = statistics.median(s.stats.decode_tokens_per_s for s in repeats) / base_tps[1] if repeats else None
         ratios = []
         for prompt_id in sorted({s.prompt_id for s in spec}):
-            a = [s.decode_tokens_per_s for s in spec if s.prompt_id == prompt_id]
-            b = [s.decode_tokens_per_s for s in base if s.prompt_id == prompt_id]
+            a = [s.stats.decode_tokens_per_s for s in spec if s.prompt_id == prompt_id]
+            b = [s.stats.decode_tokens_per_s for s in base if s.prompt_id == prompt_id]
             if a and b:
                 ratios.append(statistics.median(a) / statistics.median(b))
-        accepted = sum(s.accepted or 0 for s in spec)
-        drafted = sum(s.drafted or 0 for s in spec)
-        steps = sum(s.spec_steps or 0 for s in spec)
+        accepted = sum(s.stats.accepted_tokens or 0 for s in spec)
+        drafted = sum(s.stats.draft_tokens or 0 for s in spec)
+        steps = sum(s.stats.spec_steps or 0 for s in spec)
         acceptance = accepted / drafted if drafted else None
         mean_length = 1 + accepted / steps if steps else None
-        width = max((len(s.histogram) for s in spec), default=0)
-        histogram = [sum(s.histogram[j] for s in spec if j < len(s.histogram)) for j in range(width)]
+        width = max((len(s.stats.acceptance_histogram) for s in spec), default=0)
+        histogram = [sum(s.stats.acceptance_histogram[j] for s in spec if j < len(s.stats.acceptance_histogram)) for j in range(width)]
         total = sum(histogram)
         per_position = [sum(histogram[p:]) / total for p in range(1, width)] if total else []
-        stepped = [s for s in spec if s.steps]
-        per_step = sum(s.output_tokens for s in stepped) / sum(s.steps for s in stepped) if stepped else None
+        stepped = [s for s in spec if s.stats.steps]
+        per_step = sum(s.stats.output_tokens for s in stepped) / sum(s.stats.steps for s in stepped) if stepped else None
         cost = step_cost(spec, base)
         if method in ADAPTIVE_METHODS:
             # drafts vary in number from step to step: free verification would give tokens-per-step

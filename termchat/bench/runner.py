@@ -9,7 +9,6 @@ after start-up includes compilation and allocation.
 
 from __future__ import annotations
 
-import sys
 import time
 import zlib
 from dataclasses import dataclass, replace
@@ -17,10 +16,11 @@ from dataclasses import dataclass, replace
 from termchat.bench.prompts import BenchPrompt
 from termchat.bench.report import Sample
 from termchat.classify import temperature_for
-from termchat.engine import server
+from termchat.engine.process import ManagedEngine
 from termchat.engine.client import Sampling, complete_sync
 from termchat.errors import UserError
 from termchat.profiles import Profile
+from termchat.progress import ProgressLine
 
 ENGINE_START_S = 40.0  # for the time estimate, until one start has been measured
 
@@ -47,8 +47,7 @@ class Progress:
         self.started = time.monotonic()
         self.request_time = 0.0
         self.engine_time: list[float] = []
-        self.tty = sys.stderr.isatty()
-        self.last_line = 0.0
+        self.line = ProgressLine(every=15.0)
 
     def engine_started(self, seconds: float) -> None:
         self.engine_time.append(seconds)
@@ -63,17 +62,10 @@ class Progress:
         width = 30
         filled = int(width * self.done / self.total)
         line = f"[{'█' * filled}{'·' * (width - filled)}] {self.done}/{self.total} {label[:40]:<40} ~{left / 60:.0f} min left"
-        if self.tty:
-            sys.stderr.write("\r\x1b[K" + line)
-            sys.stderr.flush()
-        elif time.monotonic() - self.last_line > 15 or self.done == self.total:
-            self.last_line = time.monotonic()
-            print(line, file=sys.stderr, flush=True)
+        self.line.show(line, final=self.done == self.total)
 
     def say(self, text: str) -> None:
-        if self.tty:
-            sys.stderr.write("\r\x1b[K")
-        print(text, file=sys.stderr, flush=True)
+        self.line.say(text)
 
 
 def _seed(prompt: BenchPrompt, run: int) -> int:
@@ -101,15 +93,8 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
                     prompt_id=prompt.id,
                     category=prompt.category,
                     speculative=speculative,
-                    decode_tokens_per_s=stats.decode_tokens_per_s,
-                    output_tokens=stats.output_tokens,
-                    accepted=stats.accepted_tokens,
-                    drafted=stats.draft_tokens,
-                    spec_steps=stats.spec_steps,
-                    histogram=stats.acceptance_histogram,
-                    temperature=value,
+                    stats=stats,
                     run=run,
-                    steps=stats.steps,
                     mean_logprob=sum(stream.token_logprobs) / len(stream.token_logprobs) if stream.token_logprobs else None,
                 )
             )
@@ -118,8 +103,8 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
 
 def _start(profile: Profile, progress: Progress):
     started = time.monotonic()
-    progress.say(f"starting engine '{profile.name}'" + (f" ({profile.method}, k={profile.num_speculative_tokens})" if profile.speculative else " (no speculation)"))
-    engine = server.ManagedEngine.launch(profile)
+    progress.say(f"starting engine '{profile.name}'" + (f" ({profile.speculative.label()})" if profile.speculative else " (no speculation)"))
+    engine = ManagedEngine.launch(profile)
     try:
         engine.wait_ready()
         # warm-up: compilation and allocation happen on the first requests
@@ -160,7 +145,7 @@ def run(profiles: list[Profile], prompts: list[BenchPrompt], runs: int, max_toke
     for members in groups.values():
         for profile in [p for p in members if p.speculative]:
             for k in ks:
-                spec_profile = profile if k is None else replace(profile, speculative={**profile.speculative, "num_speculative_tokens": k})
+                spec_profile = profile if k is None else replace(profile, speculative=profile.speculative.with_changes(num_speculative_tokens=k))
                 engine = _start(spec_profile, progress)
                 try:
                     for temperature in temperatures:

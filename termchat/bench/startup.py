@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 
 from termchat.bench.prompts import builtin
-from termchat.engine import server
+from termchat.engine.connect import open_engine
 from termchat.engine.client import Sampling, complete_sync
 from termchat.profiles import load_config
 
@@ -31,7 +31,7 @@ def main() -> None:
     prompts = [p.text for p in builtin(["code"])][:6] + [p.text for p in builtin(["chat"])][:3]
     for label, profile in (("eager", eager), ("compiled, first start", compiled), ("compiled, second start", compiled), ("eager again", eager)):
         started = time.monotonic()
-        engine = server.open_engine(profile, attach=False, timeout=900)
+        engine = open_engine(profile, attach=False, timeout=900)
         ready = time.monotonic() - started
         try:
             for _ in range(2):

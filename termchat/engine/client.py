@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from termchat.engine import stats as stats_mod
-from termchat.engine.server import Engine, EngineError
+from termchat.engine.endpoint import Engine, EngineError
 from termchat.engine.stats import ReplyStats, Step
 from termchat.sanitize import one_line
 
@@ -51,9 +51,10 @@ class ChatStream:
     stats: ReplyStats | None = None
     started: float | None = None  # when the request was sent
 
-    def partial_stats(self) -> ReplyStats:
-        """The figures of what has arrived so far (a cut or broken reply), from step sizes."""
-        return stats_mod.compute(self.steps, self.started or time.monotonic(), self.engine.profile.num_speculative_tokens, temperature=self.sampling.temperature, finish_reason="cut")
+    def live_stats(self, finish_reason: str | None = None) -> ReplyStats:
+        """The figures of what has arrived so far, from step sizes: while the
+        reply streams, and for a cut or broken one."""
+        return stats_mod.from_steps(self.steps, self.started or time.monotonic(), self.engine.profile.speculative, self.sampling.temperature, finish_reason)
 
     def body(self) -> dict:
         body = {
@@ -76,7 +77,7 @@ class ChatStream:
 
     async def __aiter__(self) -> AsyncIterator[Step]:
         if not self.engine.model_name:
-            self.engine.model_name = await _first_model(self.engine)
+            self.engine.model_name = await self.engine.first_model()
         started = self.started = time.monotonic()
         server_metrics = usage = finish = None
         done = False
@@ -84,43 +85,43 @@ class ChatStream:
         # enough for a cold large engine), then STALL_S between two lines
         first_wait = self.engine.profile.first_token_timeout
         try:
-            async with self.engine.http(httpx.Timeout(first_wait, connect=10.0)) as client:
-                async with client.stream("POST", self.engine.base_url + "/chat/completions", json=self.body()) as response:
-                    if response.status_code != 200:
-                        detail = (await response.aread()).decode("utf-8", "replace")
-                        raise EngineError(_http_message(response.status_code, detail, self.engine))
-                    lines = response.aiter_lines()
-                    while True:
-                        wait = first_wait if not self.steps else STALL_S
-                        try:
-                            line = await asyncio.wait_for(anext(lines), wait)
-                        except StopAsyncIteration:
-                            break
-                        except TimeoutError:
-                            raise ReplyInterrupted(_silent(self.engine, wait, bool(self.steps)), self.text) from None
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            done = True
-                            break
-                        chunk = _chunk(data, self.text)
-                        if chunk.get("usage"):
-                            usage = chunk["usage"]
-                        metrics = (chunk.get("metrics") or {}).get("speculative_decoding")
-                        if metrics:
-                            server_metrics = metrics
-                        for choice in chunk.get("choices") or []:
-                            delta = (choice.get("delta") or {}).get("content") or ""
-                            ids = tuple(choice.get("token_ids") or ())
-                            finish = choice.get("finish_reason") or finish
-                            for entry in (choice.get("logprobs") or {}).get("content") or []:
-                                self.token_logprobs.append(entry["logprob"])
-                            if delta or ids:
-                                step = Step(delta, ids, time.monotonic())
-                                self.text += delta
-                                self.steps.append(step)
-                                yield step
+            # the engine's one client, with this reply's timeouts
+            async with self.engine.client.stream("POST", self.engine.base_url + "/chat/completions", json=self.body(), timeout=httpx.Timeout(first_wait, connect=10.0)) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode("utf-8", "replace")
+                    raise EngineError(_http_message(response.status_code, detail, self.engine))
+                lines = response.aiter_lines()
+                while True:
+                    wait = first_wait if not self.steps else STALL_S
+                    try:
+                        line = await asyncio.wait_for(anext(lines), wait)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        raise ReplyInterrupted(_silent(self.engine, wait, bool(self.steps)), self.text) from None
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    chunk = _chunk(data, self.text)
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    metrics = (chunk.get("metrics") or {}).get("speculative_decoding")
+                    if metrics:
+                        server_metrics = metrics
+                    for choice in chunk.get("choices") or []:
+                        delta = (choice.get("delta") or {}).get("content") or ""
+                        ids = tuple(choice.get("token_ids") or ())
+                        finish = choice.get("finish_reason") or finish
+                        for entry in (choice.get("logprobs") or {}).get("content") or []:
+                            self.token_logprobs.append(entry["logprob"])
+                        if delta or ids:
+                            step = Step(delta, ids, time.monotonic())
+                            self.text += delta
+                            self.steps.append(step)
+                            yield step
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout):
                 raise ReplyInterrupted(_transport_message(exc, self.engine, bool(self.text)), self.text) from None
@@ -187,20 +188,6 @@ def _http_message(status: int, detail: str, engine: Engine) -> str:
     if status == 401:
         return f"the engine at {engine.base_url} refused the API key (401); check ${engine.profile.api_key_env or 'the key'}"
     return f"the engine answered {status}: {one_line(str(detail), 400)}"
-
-
-async def _first_model(engine: Engine) -> str:
-    """The served model, for a remote profile that names none."""
-    async with engine.http(10.0) as client:
-        try:
-            response = await client.get(engine.base_url + "/models")
-            response.raise_for_status()
-            model = response.json()["data"][0]["id"]
-            if not isinstance(model, str):
-                raise TypeError("the model id is not a string")
-            return model
-        except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as exc:
-            raise EngineError(f"could not ask {engine.base_url} which model it serves: {one_line(str(exc), 200)}. Set `model` in the profile.") from None
 
 
 async def complete(engine: Engine, messages: list[dict], sampling: Sampling) -> ChatStream:

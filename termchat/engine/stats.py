@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from termchat.speculation import Speculation
+
 
 @dataclass(frozen=True)
 class Step:
@@ -50,6 +52,13 @@ class ReplyStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> ReplyStats | None:
+        """As stored by to_dict(); keys of older or newer versions are ignored."""
+        if not data:
+            return None
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     @property
     def tokens_per_step(self) -> float | None:
@@ -146,4 +155,16 @@ def compute(
         stats.spec_steps = len(decode)
         stats.acceptance_histogram = [accepted.count(j) for j in range(k + 1)]
         stats.acceptance_per_position = per_position_from_histogram(stats.acceptance_histogram)
+    return stats
+
+
+def from_steps(steps: list[Step], started: float, speculation: Speculation | None, temperature: float | None = None, finish_reason: str | None = None) -> ReplyStats:
+    """Figures from step sizes alone: live while a reply streams, and for a
+    cut or broken one (the server's exact figures come with the last chunk).
+
+    Tokens per step are exact for every method; an acceptance rate needs the
+    number of drafts proposed, which step sizes give only for fixed-k methods."""
+    stats = compute(steps, started, speculation.k if speculation else None, temperature=temperature, finish_reason=finish_reason)
+    if speculation is not None and speculation.adaptive:
+        stats.acceptance_rate = None
     return stats

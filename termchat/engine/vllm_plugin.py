@@ -67,16 +67,20 @@ def rejection_greedy_reference(
     drafts, argmax = draft_token_ids.tolist(), target_argmax.tolist()
     greedy = [True] * len(ends) if is_greedy is None else is_greedy.tolist()
     for req, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
-        if not greedy[req]:
-            continue
-        rejected = False
-        for pos in range(end - start):
-            output_token_ids[req, pos] = argmax[start + pos]
-            if drafts[start + pos] != argmax[start + pos]:
-                rejected = True
-                break
-        if not rejected:
-            output_token_ids[req, end - start] = bonus_token_ids.reshape(-1)[req]
+        if greedy[req]:
+            _verify_request(output_token_ids, req, start, end, bonus_token_ids, lambda i: (argmax[i], drafts[i] == argmax[i]))
+
+
+def _verify_request(output_token_ids, req, start, end, bonus_token_ids, step) -> None:
+    """Write one request's tokens: `step(i)` gives the token for draft position i
+    and whether the draft was accepted; the first rejection ends the request,
+    and the bonus token follows only when every draft was accepted."""
+    for pos in range(end - start):
+        token, accepted = step(start + pos)
+        output_token_ids[req, pos] = token
+        if not accepted:
+            return
+    output_token_ids[req, end - start] = bonus_token_ids.reshape(-1)[req]
 
 
 def rejection_random_reference(
@@ -90,26 +94,19 @@ def rejection_random_reference(
     drafts, recovered, u = draft_token_ids.tolist(), recovered_token_ids.tolist(), uniform_probs.tolist()
     greedy = is_greedy.tolist()
     no_draft_probs = NO_DRAFT_PROBS or draft_probs is None
+
+    def step(i: int) -> tuple[int, bool]:
+        token = drafts[i]
+        if token < 0:
+            return recovered[i], False
+        q = 1.0 if no_draft_probs else float(draft_probs[i, token])
+        accepted = q > 0 and float(target_probs[i, token]) / q >= u[i]
+        return (token, True) if accepted else (recovered[i], False)
+
     for req, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
         if greedy[req]:
             continue
-        rejected = False
-        for pos in range(end - start):
-            i, token = start + pos, drafts[start + pos]
-            if token < 0:
-                accepted = False
-            else:
-                q = 1.0 if no_draft_probs else float(draft_probs[i, token])
-                p = float(target_probs[i, token])
-                accepted = q > 0 and p / q >= u[i]
-            if accepted:
-                output_token_ids[req, pos] = token
-            else:
-                output_token_ids[req, pos] = recovered[i]
-                rejected = True
-                break
-        if not rejected:
-            output_token_ids[req, end - start] = bonus_token_ids.reshape(-1)[req]
+        _verify_request(output_token_ids, req, start, end, bonus_token_ids, step)
 
 
 def recovered_tokens_reference(

@@ -12,10 +12,7 @@ from termchat.ui.text import plain
 
 class AskText(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
-    DEFAULT_CSS = """
-    AskText { align: center middle; }
-    AskText > Vertical { width: 80; height: auto; border: thick $primary; background: $surface; padding: 0 1; }
-    """
+    CSS_PATH = "ask_text.tcss"
 
     def __init__(self, question: str, value: str = ""):
         super().__init__()

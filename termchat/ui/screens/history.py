@@ -1,8 +1,9 @@
-"""The conversation list: search, open, rename, delete, export."""
+"""The conversation list with its branches: search, open, rename, delete, export."""
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -10,8 +11,28 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from termchat.store import Store
+from termchat.store import ConversationRecord, Store
 from termchat.ui.text import plain
+
+
+def in_branch_order(records: list[ConversationRecord]) -> list[tuple[ConversationRecord, int]]:
+    """Each conversation followed by its branches (indented by depth), newest first at each level."""
+    listed = {r.id for r in records}
+    children: dict[int, list[ConversationRecord]] = defaultdict(list)
+    for r in records:
+        if r.parent_id in listed:
+            children[r.parent_id].append(r)
+    ordered: list[tuple[ConversationRecord, int]] = []
+
+    def walk(record: ConversationRecord, depth: int) -> None:
+        ordered.append((record, depth))
+        for child in children[record.id]:
+            walk(child, depth + 1)
+
+    for r in records:
+        if r.parent_id not in listed:
+            walk(r, 0)
+    return ordered
 
 
 class HistoryScreen(ModalScreen[tuple[str, int] | None]):
@@ -25,21 +46,17 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
         Binding("ctrl+x", "export('md')", "Export Markdown", priority=True),
         Binding("ctrl+j", "export('json')", "Export JSON", priority=True),
     ]
-    DEFAULT_CSS = """
-    HistoryScreen { align: center middle; }
-    HistoryScreen > Vertical { width: 110; height: 80%; border: thick $primary; background: $surface; }
-    HistoryScreen Label { padding: 0 1; color: $text-muted; }
-    HistoryScreen OptionList { height: 1fr; }
-    """
+    CSS_PATH = "history.tcss"
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, current: int | None = None):
         super().__init__()
         self.store = store
+        self.current = current  # the conversation on screen, marked ●
         self.pending_delete: int | None = None
 
     def compose(self):
         with Vertical():
-            yield Label("Conversations, newest first. Type to search; Enter opens; Ctrl+R renames; Ctrl+D deletes; Ctrl+X / Ctrl+J export Markdown / JSON; Escape closes.")
+            yield Label("Conversations, newest first, each with its branches (↳: an edited message started it). Type to search; Enter opens; Ctrl+R renames; Ctrl+D deletes; Ctrl+X / Ctrl+J export Markdown / JSON; Escape closes.")
             yield Input(placeholder="search titles and messages")
             yield OptionList()
 
@@ -50,9 +67,11 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
     def refresh_list(self, search: str = "") -> None:
         options = self.query_one(OptionList)
         options.clear_options()
-        for c in self.store.conversations(search=search):
+        for c, depth in in_branch_order(self.store.conversations(search=search)):
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
-            options.add_option(Option(plain(f"{when}  {c.profile:<14.14} {c.title}"), id=str(c.id)))
+            branch = "  " * (depth - 1) + "↳ " if depth else ""
+            mark = "● " if c.id == self.current else ""
+            options.add_option(Option(plain(f"{when}  {c.profile:<14.14} {branch}{mark}{c.title}"), id=str(c.id)))
         if options.option_count:
             options.highlighted = 0
 

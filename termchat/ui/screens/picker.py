@@ -20,8 +20,7 @@ def describe(index: int, profile: Profile, current: str) -> str:
     mark = "●" if profile.name == current else " "
     target = (profile.endpoint.split("//")[-1] + " " if profile.endpoint else "") + short_name(profile.model)
     if profile.speculative:
-        draft = profile.method + (f" {short_name(profile.speculative['model'])}" if profile.speculative.get("model") else "")
-        draft += f" k={profile.num_speculative_tokens}"
+        draft = profile.speculative.label()
     else:
         draft = "no speculation"
     return f"{key} {mark} {profile.name:<15} {target:<44.44} {draft}"
@@ -35,12 +34,7 @@ def measured(name: str) -> str:
 
 class ProfilePicker(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
-    DEFAULT_CSS = """
-    ProfilePicker { align: center middle; }
-    ProfilePicker > Vertical { width: 110; height: auto; max-height: 80%; border: thick $primary; background: $surface; }
-    ProfilePicker Label { padding: 0 1; color: $text-muted; }
-    ProfilePicker OptionList { height: auto; max-height: 20; }
-    """
+    CSS_PATH = "picker.tcss"
 
     def __init__(self, profiles: dict[str, Profile], current: str):
         super().__init__()

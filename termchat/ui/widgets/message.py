@@ -8,14 +8,37 @@ it (measured: ~2,100 vs ~5 chunks/s, NOTES-vllm-cpu.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from pygments.lexers import get_lexer_by_name
+from pygments.util import ClassNotFound
 from textual.containers import Vertical
 from textual.content import Content
 from textual.highlight import HighlightTheme, highlight
 from textual.widgets import Markdown, Static
-from textual.widgets._markdown import MarkdownFence
+from textual.widgets.markdown import MarkdownFence
 
 from termchat.engine.stats import ReplyStats, Step
-from termchat.sanitize import Sanitizer, inert
+from termchat.sanitize import Sanitizer, clean_code, inert
+
+
+@dataclass(frozen=True)
+class CodeBlock:
+    language: str
+    code: str
+    warning: str  # "" or what was hidden in the reply (escape sequences, bidi...)
+
+    @property
+    def extension(self) -> str:
+        """The file extension pygments knows for the language ("txt" if none)."""
+        try:
+            patterns = get_lexer_by_name(self.language).filenames if self.language else []
+        except ClassNotFound:
+            patterns = []
+        return next((p[2:] for p in patterns if p.startswith("*.") and "*" not in p[2:]), "txt")
+
+    def first_line(self, width: int = 40) -> str:
+        return self.code.strip().splitlines()[0][:width] if self.code.strip() else ""
 
 
 class ThemedFence(MarkdownFence):
@@ -25,7 +48,6 @@ class ThemedFence(MarkdownFence):
     the theme changes): highlighting runs once per fence update, in the
     classmethod MarkdownFence already calls, so streaming pays for it once."""
 
-    DEFAULT_CSS = "ThemedFence { background: $code-background; }"
     code_theme: type[HighlightTheme] = HighlightTheme
 
     @classmethod
@@ -39,21 +61,6 @@ class ChatMarkdown(Markdown):
 
 class MessageView(Vertical):
     """A user prompt or an assistant reply, with what produced it."""
-
-    DEFAULT_CSS = """
-    MessageView { height: auto; margin: 0 0 1 0; layout: stream; }
-    MessageView .header { color: $text-muted; text-style: bold; }
-    MessageView.user .header { color: $secondary; }
-    MessageView.assistant .header { color: $primary; }
-    MessageView .footer { color: $text-muted; display: none; }
-    MessageView .cut { color: $warning; }
-    MessageView .failed { color: $error; }
-    MessageView ChatMarkdown { margin: 0; padding: 0; layout: stream; }
-    MessageView .user-text { padding: 0 0 0 1; }
-    MessageView .tint { display: none; padding: 0 1; }
-    MessageView.tinted .tint { display: block; }
-    MessageView.tinted ChatMarkdown { display: none; }
-    """
 
     def __init__(self, role: str, header: str, text: str = "", **kwargs):
         super().__init__(classes=role, **kwargs)
@@ -108,22 +115,13 @@ class MessageView(Vertical):
         if note_class:
             footer.add_class(note_class)
 
-    def code_blocks(self) -> list[tuple[str, str]]:
-        """(language, code) of every fenced block in this message."""
-        blocks, lang, current, inside = [], "", [], False
-        for line in self.text.splitlines():
-            stripped = line.strip()
-            if stripped.startswith("```") or stripped.startswith("~~~"):
-                if inside:
-                    blocks.append((lang, "\n".join(current) + "\n"))
-                    inside, current = False, []
-                else:
-                    inside, lang = True, stripped[3:].strip()
-            elif inside:
-                current.append(line)
-        if inside and current:
-            blocks.append((lang, "\n".join(current) + "\n"))
-        return blocks
+    def code_blocks(self) -> list[CodeBlock]:
+        """Every fenced block of this reply, as the screen shows it (the fences
+        hold the sanitized code and its language)."""
+        if self.role != "assistant":
+            return []
+        warning = clean_code(self.text)[1]
+        return [CodeBlock(fence.lexer or "", fence.code if fence.code.endswith("\n") else fence.code + "\n", warning) for fence in self.body.query(MarkdownFence)]
 
     def show_tint(self, on: bool, last_token_text) -> None:  # assistant messages only
         """Tint the text that came from accepted drafts.

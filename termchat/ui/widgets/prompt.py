@@ -8,10 +8,6 @@ from textual.widgets import TextArea
 
 
 class PromptArea(TextArea):
-    DEFAULT_CSS = """
-    PromptArea { height: auto; min-height: 3; max-height: 12; border: tall $primary 50%; }
-    PromptArea:focus { border: tall $primary; }
-    """
 
     class Submitted(Message):
         def __init__(self, text: str):

@@ -16,70 +16,64 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Sparkline, Static
 
-from termchat.advisor import ADAPTIVE_METHODS, band
+from termchat.advisor import band
+from termchat.engine.endpoint import EngineState
+from termchat.engine.stats import ReplyStats
 from termchat.models import short_name
+from termchat.profiles import Profile
+from termchat.speculation import ADAPTIVE_METHODS
 
 LEVEL_STYLE = {"low": "bold $error", "moderate": "bold $warning", "strong": "bold $success"}
 
 
 @dataclass
 class StatusInfo:
-    profile: str = ""
-    model: str = ""
-    draft: str = ""
-    engine: str = "not started"
-    tokens_per_s: float | None = None
+    profile: Profile | None = None
+    engine: EngineState = EngineState.NOT_STARTED
+    engine_detail: str = ""  # "12s", "3s for the first token", "(no config)"
+    reply: ReplyStats | None = None  # this reply's figures (live: from step sizes) or the last one's
     live: bool = False
-    acceptance: float | None = None
-    mean_length: float | None = None
-    temperature: float | None = None
-    lowered: bool = False
+    lowered: bool = False  # the temperature was lowered for code
     auto_temperature: bool = True
     context_used: int | None = None
-    context_max: int | None = None
-    method: str | None = None
     step_cost: float | None = None  # measured by the bench for this profile
-    tokens_per_step: float | None = None
-    history: list[float] = field(default_factory=list)
+    history: list[float] = field(default_factory=list)  # tok/s of the replies so far
+
+
+STATE_STYLE = {EngineState.READY: "$success", EngineState.STREAMING: "$accent", EngineState.FAILED: "bold $error"}
 
 
 def render(info: StatusInfo) -> Content:
-    parts: list[Content] = [Content.styled(f" {info.profile} ", "bold $text on $primary-muted")]
+    p = info.profile
+    parts: list[Content] = [Content.styled(f" {p.name if p else ''} ", "bold $text on $primary-muted")]
     # order = priority: what is cut first on a narrow terminal comes last
-    model = short_name(info.model, drop_instruct=True)
-    if info.draft:
-        model += f" ← {short_name(info.draft, drop_instruct=True)}"
+    model = short_name((p.model or p.endpoint or "") if p else "", drop_instruct=True)
+    if p and p.speculative:
+        model += f" ← {p.speculative.label()}"
     parts.append(Content(model))
-    state_style = {"ready": "$success", "streaming": "$accent", "failed": "bold $error"}.get(info.engine.split()[0], "$warning")
-    parts.append(Content.styled(info.engine, state_style))
-    if info.tokens_per_s is not None:
-        label = "live " if info.live else ""
-        parts.append(Content(f"{label}{info.tokens_per_s:.1f} tok/s"))
-    level, _ = band(info.method, info.acceptance, info.tokens_per_step, info.step_cost)
+    parts.append(Content.styled(f"{info.engine} {info.engine_detail}".strip(), STATE_STYLE.get(info.engine, "$warning")))
+    r = info.reply or ReplyStats()
+    if r.decode_tokens_per_s is not None:
+        parts.append(Content(f"{'live ' if info.live else ''}{r.decode_tokens_per_s:.1f} tok/s"))
+    method = p.method if p else None
+    level, _ = band(method, r.acceptance_rate, r.tokens_per_step, info.step_cost)
     style = LEVEL_STYLE.get(level, "bold")
-    adaptive = info.method in ADAPTIVE_METHODS
-    if info.acceptance is not None:
+    adaptive = method in ADAPTIVE_METHODS
+    if r.acceptance_rate is not None:
         # while streaming: derived from step sizes (~); after the reply: the server's exact figure
-        parts.append(Content.assemble("acc ~" if info.live else "acc ", (f"{info.acceptance:.0%}", "bold" if adaptive else style)))
-    if info.mean_length is not None:
-        parts.append(Content.assemble("len ~" if info.live else "len ", (f"{info.mean_length:.2f}", style if adaptive else "")))
-    if info.temperature is not None:
-        mark = " ↓code" if info.lowered else ""
-        parts.append(Content(f"T {info.temperature:g}{mark}"))
+        parts.append(Content.assemble("acc ~" if info.live else "acc ", (f"{r.acceptance_rate:.0%}", "bold" if adaptive else style)))
+    if r.mean_acceptance_length is not None:
+        parts.append(Content.assemble("len ~" if info.live else "len ", (f"{r.mean_acceptance_length:.2f}", style if adaptive else "")))
+    if r.temperature is not None:
+        parts.append(Content(f"T {r.temperature:g}" + (" ↓code" if info.lowered else "")))
     if not info.auto_temperature:
         parts.append(Content.styled("auto-T off", "$warning"))
-    if info.context_max:
-        parts.append(Content(f"ctx {info.context_used or 0}/{info.context_max}"))
+    if p and p.max_model_len:
+        parts.append(Content(f"ctx {info.context_used or 0}/{p.max_model_len}"))
     return Content(" │ ").join(parts)
 
 
 class StatusBar(Horizontal):
-    DEFAULT_CSS = """
-    StatusBar { height: 1; background: $panel; }
-    StatusBar #status-text { width: 1fr; height: 1; }
-    StatusBar Sparkline { width: 12; height: 1; margin: 0 1; }
-    """
-
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.info = StatusInfo()

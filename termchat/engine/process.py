@@ -1,0 +1,213 @@
+"""Engines started on this machine: launched, watched through /proc, stopped.
+
+Why a child process and not vLLM inside termchat: vLLM prints logs and spawns
+workers, which would corrupt a full-screen UI; a crash would take the UI with
+it; and switching profiles must really free the old model's memory. A child in
+its own process group gives all three: kill the group and everything is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib.util
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from termchat import paths
+from termchat.engine.command import server_command
+from termchat.engine.endpoint import Engine, EngineError, EngineState
+from termchat.profiles import Profile
+
+Progress = Callable[[str], None]
+
+
+KEEP_LOGS = 5  # engine logs kept per profile
+
+
+def prune_logs(log_dir: Path, profile_name: str, keep: int = KEEP_LOGS - 1) -> None:
+    """Delete all but the newest `keep` engine logs of a profile (before a new one is started)."""
+    logs = sorted(log_dir.glob(f"engine-{profile_name}-[0-9]*.log"), key=lambda p: p.stat().st_mtime)
+    for old in logs[: max(0, len(logs) - keep)]:
+        old.unlink(missing_ok=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Linux: the server gets SIGTERM if termchat dies, even by kill -9.
+
+    PR_SET_PDEATHSIG follows the parent *thread*, so engines are launched from
+    the main thread only (launch() is quick; the health wait runs anywhere)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+@dataclass
+class ManagedEngine(Engine):
+    """A vLLM server started (or left running by `termchat serve`) on this machine."""
+
+    process: subprocess.Popen | None = None
+    pid: int | None = None
+    log_path: Path | None = None
+    owned: bool = True
+    started_at: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def launch(cls, profile: Profile, log_dir: Path | None = None) -> ManagedEngine:
+        """Start the server and return at once; call wait_ready() next."""
+        if profile.method == "suffix" and importlib.util.find_spec("arctic_inference") is None:
+            raise EngineError(
+                f"profile '{profile.name}' uses suffix decoding, which needs the arctic-inference package: "
+                "`python3 -m termchat.bootstrap setup` builds it, or pick another profile (local-ngram, local-plain)"
+            )
+        port, key = free_port(), secrets.token_urlsafe(24)
+        cmd = server_command(profile, port)
+        log_dir = paths.private_dir(log_dir or paths.logs_dir())
+        prune_logs(log_dir, profile.name)
+        log_path = log_dir / f"engine-{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
+        env = {**os.environ, **profile.env, "PYTHONUNBUFFERED": "1", "VLLM_API_KEY": key}
+        with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
+            log.write(("$ " + shlex.join(cmd) + "\n").encode())
+            log.flush()
+            try:
+                process = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+                )
+            except OSError as exc:
+                raise EngineError(f"could not start the engine: {exc}") from None
+        return cls(
+            profile=profile,
+            base_url=f"http://127.0.0.1:{port}/v1",
+            api_key=key,
+            model_name=profile.model,
+            state=EngineState.STARTING,
+            process=process,
+            pid=process.pid,
+            log_path=log_path,
+        )
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        return self.pid is not None and pid_alive(self.pid)
+
+    def log_tail(self, lines: int = 12) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, 2) - 16384))
+            text = handle.read().decode("utf-8", "replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def describe_failure(self) -> str:
+        code = self.process.poll() if self.process else None
+        how = f"exited with code {code}" if code is not None else "stopped answering"
+        return (
+            f"the engine for profile '{self.profile.name}' {how}. Last lines of {self.log_path}:\n"
+            f"{self.log_tail()}\nFix the cause above, then start again (the full log is in that file)."
+        )
+
+    def _check(self) -> None:
+        if not self.alive():
+            self.state = EngineState.FAILED
+            raise EngineError(self.describe_failure())
+
+    def wait_ready(self, timeout: float = 600.0, progress: Progress | None = None) -> None:
+        """Block until /health answers; raise EngineError with the log tail if it dies."""
+        asyncio.run(self.wait_ready_async(timeout, progress))
+
+    async def wait_ready_async(self, timeout: float = 600.0, progress: Progress | None = None) -> None:
+        """Poll /health twice a second; give up at `timeout` or when the process dies."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check()
+            if await self.health():
+                self.state = EngineState.READY
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise EngineError(f"the engine did not become ready within {timeout:.0f} s; see {self.log_path}")
+            if progress:
+                progress(self._progress_line())
+            await asyncio.sleep(0.5)
+
+    def _progress_line(self) -> str:
+        last = next((line for line in reversed(self.log_tail(5).splitlines()) if line.strip()), "")
+        return f"starting {self.profile.name} ({time.monotonic() - self.started_at:.0f} s): {last[-160:]}"
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """End the whole process group and check that nothing of it is left."""
+        if not self.owned or self.pid is None:
+            return
+        pgid = self.pid
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+            end = time.monotonic() + wait
+            while time.monotonic() < end:
+                if self.process is not None:
+                    self.process.poll()
+                if not group_members(pgid):
+                    break
+                time.sleep(0.1)
+            if not group_members(pgid):
+                break
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        self.state = EngineState.STOPPED
+        left = group_members(pgid)
+        if left:
+            raise EngineError(f"engine processes {left} survived SIGKILL; end them by hand (kill -9 {' '.join(map(str, left))})")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

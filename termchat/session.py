@@ -1,0 +1,123 @@
+"""One chat as both front-ends hold it: the profile, the live conversation,
+and where it is stored.
+
+The TUI and the REPL show things differently; what a command *does* (set the
+temperature, attach a file, start over, branch at an edited message, open a
+stored conversation) is decided here once, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from termchat.attach import fenced_file
+from termchat.conversation import Conversation, TemperatureChoice, parse_temperature
+from termchat.errors import UserError
+from termchat.exchange import Recorder
+from termchat.profiles import Config, Profile
+from termchat.store import Message, Store, StoreError
+
+
+class ChatSession:
+    def __init__(self, config: Config, profile: Profile, store: Store | None = None):
+        self.config = config
+        self.profile = profile
+        self.store = store
+        self.store_failed = False
+        self.conversation = Conversation()
+        self.recorder: Recorder | None = None  # None: the next prompt starts a stored conversation
+
+    def open_store(self) -> str | None:
+        """Open the history database if needed; the message to show once if it cannot be."""
+        if self.store is None and not self.store_failed:
+            try:
+                self.store = Store()
+            except StoreError as exc:
+                self.store_failed = True
+                return f"{exc} Conversations will not be saved this session."
+        return None
+
+    @property
+    def conversation_id(self) -> int | None:
+        return self.recorder.conversation_id if self.recorder else None
+
+    def recorder_for_reply(self) -> Recorder:
+        if self.recorder is None:
+            self.recorder = Recorder.start(self.store, self.profile, self.conversation.system_prompt)
+        return self.recorder
+
+    def prepare(self, text: str) -> tuple[str, TemperatureChoice]:
+        """The prompt as it is sent (with attachments) and its temperature."""
+        text = self.conversation.with_attachments(text)
+        return text, self.conversation.choose_temperature(text, self.profile)
+
+    # ---- what the shared slash commands do ---------------------------------------------
+
+    def profile_named(self, name: str) -> Profile:
+        return self.config.get(name)
+
+    def set_temperature(self, arg: str) -> str:
+        self.conversation.forced_temperature = parse_temperature(arg)
+        return f"the next message uses temperature {self.conversation.forced_temperature:g}"
+
+    def set_system(self, arg: str) -> str:
+        self.conversation.system_prompt = arg
+        if self.store is not None and self.conversation_id:
+            self.store.set_system_prompt(self.conversation_id, arg)
+        return "system prompt set" if arg else "system prompt back to the profile's"
+
+    def attach(self, arg: str) -> str:
+        self.conversation.attachments.append(fenced_file(arg))
+        return f"attached {arg}; it goes with your next message"
+
+    def new_conversation(self) -> None:
+        self.conversation = Conversation(auto_temperature=self.conversation.auto_temperature)
+        self.recorder = None
+
+    def load(self, conversation_id: int) -> list[Message]:
+        """Continue a stored conversation; its messages, to show."""
+        record = self.store.conversation(conversation_id)
+        messages = self.store.messages(conversation_id)
+        self.conversation = Conversation(system_prompt=record.system_prompt, auto_temperature=self.conversation.auto_temperature)
+        for m in messages:
+            if m.role == "user" or m.content:
+                self.conversation.add(m.role, m.content, m.id)
+        self.recorder = Recorder(self.store, conversation_id)
+        return messages
+
+    def prompt_to_edit(self, arg: str) -> dict:
+        """The user turn `/edit [N]` names (1-based; default the last)."""
+        prompts = self.conversation.prompts()
+        if not prompts:
+            raise UserError("no message to edit yet")
+        try:
+            number = int(arg) if arg else len(prompts)
+        except ValueError:
+            number = 0
+        if not 1 <= number <= len(prompts):
+            raise UserError(f"/edit takes a message number from 1 to {len(prompts)}")
+        return prompts[number - 1]
+
+    def branch_at(self, message: dict) -> int | None:
+        """Edit `message`: the stored conversation forks before it (the old
+        branch is kept as it is) and the live one continues on the new branch.
+        Returns the new branch's id, to show it (None when nothing is stored)."""
+        if self.store is None or not self.conversation_id or message.get("id") is None:
+            self.conversation.cut_before(message)
+            return None
+        branch = self.store.fork(self.conversation_id, message["id"])
+        self.load(branch)
+        return branch
+
+    def drop_last_exchange(self) -> str | None:
+        """Remove the last prompt and its reply from the context and the store
+        (regenerate); the prompt, or None if there is none."""
+        prompts = self.conversation.prompts()
+        if not prompts:
+            return None
+        last = prompts[-1]
+        ids = {m["id"] for m in self.conversation.cut_before(last)}
+        if self.recorder is not None and self.recorder.last_user_id in ids:
+            ids.add(self.recorder.last_reply_id)  # stored even when empty, so not in the context
+        if self.store is not None:
+            for message_id in ids - {None}:
+                self.store.delete_message(message_id)
+        return last["content"]

@@ -1,0 +1,335 @@
+"""The chat screen's slash commands (one coroutine per row of `termchat.commands`)
+and its actions on code blocks, commands, tests and branches.
+
+Nothing is written or run without the user's say-so: `/apply` shows the diff
+and writes on "y"; `/run` and `/test` run only what was typed (or the
+project's test command); their output reaches the model only with Ctrl+O or
+`/fix`; the fix loop runs by itself only for the rounds asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import work
+
+from termchat import apply, testing
+from termchat.errors import UserError
+from termchat.files import write_export
+from termchat.shell import CommandRun
+from termchat.ui.screens.apply_diff import ApplyDiff
+from termchat.ui.screens.ask_text import AskText
+from termchat.ui.screens.history import HistoryScreen
+from termchat.ui.screens.picker import ProfilePicker
+from termchat.ui.widgets.command_output import CommandOutput
+from termchat.ui.widgets.message import CodeBlock
+from termchat.ui.widgets.prompt import PromptArea
+
+MAX_FIX_ROUNDS = 5
+
+
+class ChatCommands:
+    def init_commands(self) -> None:
+        self.undo = apply.UndoStack()
+        self.running: CommandRun | None = None
+        self.last_run: CommandRun | None = None
+        self.last_failure: tuple[str, str] | None = None  # (test command, failure summary)
+        self.applied: list[Path] = []  # the files the last /apply wrote (where a fix goes)
+        self.fix_rounds_left = 0
+        self.fixing = False  # a /fix ROUNDS loop is running
+
+    # ---- the shared commands -------------------------------------------------------------
+
+    async def do_profile(self, arg: str) -> None:
+        if arg:
+            await self.switch_profile(arg)
+        else:
+            self.action_pick_profile()
+
+    async def do_temp(self, arg: str) -> None:
+        self.say(self.session.set_temperature(arg))
+
+    async def do_system(self, arg: str) -> None:
+        self.say(self.session.set_system(arg))
+
+    async def do_file(self, arg: str) -> None:
+        self.say(self.session.attach(arg))
+
+    async def do_clear(self, arg: str) -> None:
+        await self.action_new_conversation()
+
+    async def do_restart(self, arg: str) -> None:
+        self.action_restart_engine()
+
+    async def do_help(self, arg: str) -> None:
+        self.app.action_help()
+
+    async def do_quit(self, arg: str) -> None:
+        self.app.exit()
+
+    # ---- code blocks ----------------------------------------------------------------------
+
+    def block(self, number: int | None, what: str) -> CodeBlock:
+        blocks = self.chat.code_blocks()
+        if not blocks:
+            raise UserError(f"no code block to {what} yet")
+        if number is not None and not 1 <= number <= len(blocks):
+            raise UserError(f"there are {len(blocks)} code blocks; give a number from 1 to {len(blocks)}")
+        return blocks[(number or len(blocks)) - 1]
+
+    def action_copy_code(self, number: int | None = None) -> None:
+        try:
+            block = self.block(number, "copy")
+        except UserError as exc:
+            return self.say(str(exc))
+        self.app.copy_to_clipboard(block.code)
+        self.say(f"copied {len(block.code.splitlines())} lines of {block.language or 'code'} to the clipboard")
+        if block.warning:
+            self.notify(block.warning, severity="warning", timeout=15)
+
+    def action_save_code(self, number: int | None = None) -> None:
+        try:
+            block = self.block(number, "save")
+        except UserError as exc:
+            return self.say(str(exc))
+
+        def save(name: str | None) -> None:
+            if not name:
+                return
+            path = Path(name).expanduser()
+            if path.exists():
+                return self.error(f"{path} exists; choose another name (or /apply {name} to change it, with a diff)")
+            try:
+                path.write_text(block.code)
+            except OSError as exc:
+                return self.error(f"could not save {path}: {exc.strerror}")
+            self.say(f"saved {len(block.code.splitlines())} lines to {path}")
+
+        self.app.push_screen(AskText("Save the code block to file:", f"snippet.{block.extension}"), save)
+
+    def action_apply_code(self, number: int | None = None) -> None:
+        try:
+            block = self.block(number, "apply")
+        except UserError as exc:
+            return self.say(str(exc))
+        if apply.is_patch(block.code, block.language):
+            self.run_worker(self.apply_block(block, None))
+            return
+        guess = str(self.applied[0]) if len(self.applied) == 1 else ""
+        self.app.push_screen(AskText("Apply the code block to file (a diff is shown first):", guess), lambda path: path and self.run_worker(self.apply_block(block, path)))
+
+    async def do_apply(self, arg: str) -> None:
+        words = arg.split(maxsplit=1)
+        number = int(words.pop(0)) if words and words[0].isdigit() else None
+        block = self.block(number, "apply")
+        self.run_worker(self.apply_block(block, words[0] if words else None))
+
+    async def apply_block(self, block: CodeBlock, path: str | None, confirm: bool = True) -> bool:
+        try:
+            changes = apply.plan(block.code, block.language, path, Path.cwd())
+        except UserError as exc:
+            self.error(str(exc))
+            return False
+        if block.warning:
+            self.notify(block.warning, severity="warning", timeout=15)
+        if confirm and not await self.app.push_screen_wait(ApplyDiff(changes, Path.cwd())):
+            self.say("nothing written")
+            return False
+        try:
+            self.say("applied: " + apply.write(changes, self.undo))
+        except UserError as exc:
+            self.error(str(exc))
+            return False
+        self.applied = [c.path for c in changes]
+        return True
+
+    async def do_undo(self, arg: str) -> None:
+        self.say(self.undo.undo())
+
+    # ---- commands and tests -------------------------------------------------------------
+
+    async def do_run(self, arg: str) -> None:
+        if not arg:
+            raise UserError("/run needs a command, e.g. /run ls -l")
+        self.run_command(arg, tests=False)
+
+    async def do_test(self, arg: str) -> None:
+        self.run_command(testing.resolve_test_command(arg, self.session.profile.test_command, Path.cwd()), tests=True)
+
+    @work(group="command", exclusive=True)
+    async def run_command(self, command: str, tests: bool) -> None:
+        run = self.running = CommandRun(command)
+        block = CommandOutput(run)
+        await self.chat.mount(block)
+        self.chat.anchor()
+        try:
+            async for text in run.chunks():
+                block.write(text)
+        finally:
+            self.running = None
+        self.last_run = run
+        if not tests:
+            block.finish()
+            return
+        if run.exit_code == 0:
+            block.finish("tests pass")
+            self.say("tests pass" + (" after the fix" if self.last_failure else ""))
+            self.last_failure, self.fixing = None, False
+            return
+        self.last_failure = (command, testing.failure_summary(run.output))
+        block.finish("/fix asks for a fix · Ctrl+O adds the output")
+        if self.fixing and self.fix_rounds_left > 0:
+            await self.do_fix("")
+        elif self.fixing:
+            self.fixing = False
+            self.notify("the tests still fail after the rounds asked for; the changes stay (/undo restores them one by one)", severity="warning", timeout=15)
+        else:
+            self.notify("tests fail: /fix sends the failure summary and asks for a fix (/fix 3: up to 3 rounds of fix, apply, test)", severity="warning", timeout=15)
+
+    async def do_fix(self, arg: str) -> None:
+        if self.last_failure is None:
+            raise UserError("no failing /test to fix; run /test first")
+        if arg:
+            rounds = int(arg) if arg.isdigit() else 0
+            if not 1 <= rounds <= MAX_FIX_ROUNDS:
+                raise UserError(f"/fix takes a number of rounds from 1 to {MAX_FIX_ROUNDS}")
+            self.fix_rounds_left = rounds
+        self.fixing = self.fix_rounds_left > 0
+        if self.fixing:
+            self.fix_rounds_left -= 1
+        await self.send(testing.fix_request(*self.last_failure))
+
+    def reply_ended(self, event) -> None:
+        """The fix loop: apply the reply's code where the last /apply wrote, then test again."""
+        if not self.fixing:
+            return
+        if event.how != "complete":
+            self.fixing, self.fix_rounds_left = False, 0
+            return
+        self.run_worker(self._apply_fix_and_test())
+
+    async def _apply_fix_and_test(self) -> None:
+        blocks = self.chat.replies()[-1].code_blocks()
+        patches = [b for b in blocks if apply.is_patch(b.code, b.language)]
+        if patches:
+            ok = await self.apply_block(patches[0], None, confirm=False)
+        elif len(blocks) == 1 and len(self.applied) == 1:
+            ok = await self.apply_block(blocks[0], str(self.applied[0]), confirm=False)
+        else:
+            ok = False
+            self.error("the fix loop stopped: the reply's code does not say which file it is for; /apply it, then /test")
+        if ok:
+            self.run_command(self.last_failure[0], tests=True)
+        else:
+            self.fixing, self.fix_rounds_left = False, 0
+
+    async def do_add(self, arg: str) -> None:
+        self.action_add_output()
+
+    def action_add_output(self) -> None:
+        if self.last_run is None:
+            return self.say("no command output yet: /run COMMAND or /test first")
+        self.session.conversation.attachments.append(self.last_run.for_model())
+        self.say(f"the output of `{self.last_run.command}` goes with your next message")
+
+    def action_cancel(self) -> None:
+        if self.running is not None:
+            self.running.stop()
+        else:
+            self.fixing, self.fix_rounds_left = False, 0
+            self.workers.cancel_group(self.chat, "reply")
+
+    # ---- branches, regenerate, new conversation ---------------------------------------------
+
+    async def do_edit(self, arg: str) -> None:
+        message = self.session.prompt_to_edit(arg)
+        number = next(i for i, m in enumerate(self.session.conversation.prompts(), start=1) if m is message)
+        self.workers.cancel_group(self.chat, "reply")
+        old = self.session.conversation_id
+        branch = self.session.branch_at(message)
+        if branch is not None:
+            await self.open_conversation(branch)
+            self.say(f"editing message {number} on a new branch; the old branch stays as conversation {old} (F3)")
+        else:
+            await self.chat.remove_from_prompt(number - 1)
+        area = self.query_one(PromptArea)
+        area.text = message["content"]
+        area.focus()
+
+    async def action_edit_last(self) -> None:
+        try:
+            await self.do_edit("")
+        except UserError:
+            self.say("no prompt to edit yet")
+
+    async def action_regenerate(self) -> None:
+        self.workers.cancel_group(self.chat, "reply")
+        prompt = self.session.drop_last_exchange()
+        if prompt is None:
+            return self.say("nothing to regenerate yet")
+        await self.chat.remove_from_prompt(-1)
+        await self.send(prompt)
+
+    async def action_new_conversation(self) -> None:
+        self.workers.cancel_group(self.chat, "reply")
+        self.session.new_conversation()  # a new stored conversation starts with the next prompt
+        await self.chat.remove_children()
+        self.status(context_used=None)
+        self.say("new conversation")
+
+    def action_toggle_auto_temperature(self) -> None:
+        conversation = self.session.conversation
+        conversation.auto_temperature = not conversation.auto_temperature
+        self.status(auto_temperature=conversation.auto_temperature)
+        self.say("automatic code temperature " + ("on" if conversation.auto_temperature else "off for this session"))
+
+    def action_toggle_tint(self) -> None:
+        self.tint = not self.tint
+        self.chat.show_tint(self.tint, self.engines.engine, self.token_text)
+
+    # ---- profiles, history ----------------------------------------------------------------
+
+    def action_pick_profile(self) -> None:
+        self.app.push_screen(ProfilePicker(self.app.config.profiles, self.session.profile.name), lambda name: name and self.run_worker(self.switch_profile(name), group="switch", exclusive=True))
+
+    def action_switch_index(self, index: int) -> None:
+        names = list(self.app.config.profiles)
+        if index < len(names):
+            self.run_worker(self.switch_profile(names[index]), group="switch", exclusive=True)
+
+    def action_restart_engine(self) -> None:
+        self.start_engine(switch=True)
+
+    def action_history(self) -> None:
+        if self.session.store is None:
+            return self.error("the history database is not available this session")
+
+        def chosen(result) -> None:
+            if result:
+                action, conversation_id = result
+                if action == "open":
+                    self.run_worker(self.open_conversation(conversation_id))
+                else:
+                    self.export(conversation_id, action.removeprefix("export-"))
+
+        self.app.push_screen(HistoryScreen(self.session.store, self.session.conversation_id), chosen)
+
+    def export(self, conversation_id: int, fmt: str) -> None:
+        store = self.session.store
+
+        def write(name: str, force: bool) -> None:
+            text = store.export_markdown(conversation_id) if fmt == "md" else store.export_json(conversation_id)
+            try:
+                self.say(f"exported conversation {conversation_id} to {write_export(name, text, force=force)}")
+            except UserError as exc:
+                self.error(str(exc))
+
+        def save(name: str | None) -> None:
+            if not name:
+                return
+            if not Path(name).expanduser().is_file():
+                return write(name, force=False)
+            self.app.push_screen(AskText(f"{name} exists. Overwrite it? (y/N)", ""), lambda answer: write(name, True) if (answer or "").strip().lower() in ("y", "yes") else self.say("not exported: the file was left as it is"))
+
+        self.app.push_screen(AskText(f"Export conversation {conversation_id} as {fmt.upper()} to:", f"conversation-{conversation_id}.{fmt}"), save)
+

@@ -1,0 +1,191 @@
+"""The conversation on screen: messages, notes, command output, and the reply
+that is streaming.
+
+It streams one reply at a time (a worker in the "reply" group: Escape cancels
+it) and posts what happens as messages (`ReplyStarted`, `ReplyProgress`,
+`ReplyEnded`); the chat screen turns them into the status bar and, when the
+engine died, the engine panel. What it writes to the store goes through
+`exchange`, like every front-end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from textual import work
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.widgets import Static
+
+from termchat.conversation import TemperatureChoice
+from termchat.engine import stats as stats_mod
+from termchat.engine.client import ReplyInterrupted
+from termchat.engine.endpoint import Engine
+from termchat.engine.stats import ReplyStats, Step
+from termchat.errors import UserError
+from termchat.exchange import exchange
+from termchat.sanitize import inert
+from termchat.session import ChatSession
+from termchat.store import Message as StoredMessage
+from termchat.ui.widgets.message import CodeBlock, MessageView
+
+LIVE_EVERY_S = 0.25  # how often the live figures are posted while a reply streams
+
+
+@dataclass
+class ReplyStarted(Message):
+    choice: TemperatureChoice
+
+
+@dataclass
+class ReplyProgress(Message):
+    """Live figures from step sizes (marked ~ in the status bar); `waiting` is set
+    while no token has come yet."""
+
+    stats: ReplyStats | None
+    waiting: float | None = None
+
+
+@dataclass
+class ReplyEnded(Message):
+    """How the reply ended: "complete", "cut" (Escape), "failed" (the engine
+    answered with an error), "broken" (the stream broke; `engine_gone` says
+    whether the engine died)."""
+
+    how: str
+    stats: ReplyStats | None
+    error: str = ""
+    engine_gone: bool = False
+
+
+class ChatView(VerticalScroll):
+    def __init__(self, session: ChatSession, **kwargs):
+        super().__init__(**kwargs)
+        self.session = session
+
+    async def note(self, text: str) -> None:
+        await self.mount(Static(f"— {inert(text)} —", classes="note", markup=False))
+
+    async def show_prompt(self, text: str, header: str) -> MessageView:
+        """The user's message and an empty reply under it; the reply's view."""
+        await self.mount(MessageView("user", "you", text))
+        view = MessageView("assistant", header)
+        await self.mount(view)
+        self.anchor()
+        return view
+
+    async def show_stored(self, messages: list[StoredMessage]) -> ReplyStats | None:
+        """A stored conversation, as it was; the last reply's statistics."""
+        await self.remove_children()
+        views = []
+        for m in messages:
+            if m.role == "user":
+                views.append(MessageView("user", "you", m.content))
+            else:
+                header = f"{m.profile or 'assistant'} · T={m.temperature:g}" if m.temperature is not None else (m.profile or "assistant")
+                views.append(MessageView("assistant", header, m.content))
+            views[-1].message_id = m.id
+        await self.mount_all(views)
+        last = None
+        for view, m in zip(views, messages):
+            if m.role == "assistant":
+                last = m.stats or last
+                await view.finish(m.stats, f"⚑ {m.flagged}" if m.flagged else "", "cut" if m.flagged else "")
+        self.anchor()
+        return last
+
+    def replies(self) -> list[MessageView]:
+        return [v for v in self.query(MessageView) if v.role == "assistant"]
+
+    def code_blocks(self) -> list[CodeBlock]:
+        return [block for view in self.replies() for block in view.code_blocks()]
+
+    async def remove_from_prompt(self, index: int) -> None:
+        """Remove the user's message number `index` (0-based; -1 the last) and all after it."""
+        children = list(self.children)
+        users = [i for i, v in enumerate(children) if isinstance(v, MessageView) and v.role == "user"]
+        if users:
+            for view in children[users[index]:]:
+                await view.remove()
+
+    # ---- the reply ------------------------------------------------------------------------
+
+    @work(group="reply", exclusive=True)
+    async def stream_reply(self, view: MessageView, engine: Engine, prompt: str, choice: TemperatureChoice) -> None:
+        await view.finish(None)
+        session, profile = self.session, self.session.profile
+        recorder = session.recorder_for_reply()
+        self.post_message(ReplyStarted(choice))
+        steps: list[Step] = []
+        sent, shown = time.monotonic(), 0.0
+
+        def live() -> ReplyStats:
+            return stats_mod.from_steps(steps, sent, profile.speculative, choice.value)
+
+        async def on_step(step: Step) -> None:
+            nonlocal shown
+            await view.append(step)
+            steps.append(step)
+            if len(steps) == 1 or step.at - shown > LIVE_EVERY_S:
+                shown = step.at
+                self.post_message(ReplyProgress(live()))
+
+        def waiting() -> None:  # a silent endpoint is visible, second by second
+            if not steps:
+                self.post_message(ReplyProgress(None, waiting=time.monotonic() - sent))
+
+        ticker = self.set_interval(1.0, waiting)
+        try:
+            try:
+                outcome = await exchange(engine, profile, session.conversation, prompt, choice, recorder, on_step)
+            finally:
+                ticker.stop()
+        except asyncio.CancelledError:
+            self._link(view)
+            view.cut = True
+            cut = live() if steps else None
+            await view.finish(cut, "✂ cut: the partial reply is kept" + (" (figures from step sizes)" if cut else ""), "cut")
+            self.post_message(ReplyEnded("cut", cut))
+            raise
+        except ReplyInterrupted as exc:
+            self._link(view)
+            cut = live() if steps else None
+            gone = not await self.app.engines.alive_after()
+            await view.finish(cut, "✗ the engine stopped mid-reply; the partial reply is kept" if gone else f"✗ {exc}", "failed")
+            view.cut = True
+            self.post_message(ReplyEnded("broken", cut, str(exc), gone))
+            return
+        except UserError as exc:
+            self._link(view)
+            await view.finish(None, f"✗ {exc}", "failed")
+            self.post_message(ReplyEnded("failed", None, str(exc)))
+            return
+        self._link(view)
+        await view.finish(outcome.stats)
+        self.post_message(ReplyEnded("complete", outcome.stats))
+
+    def _link(self, view: MessageView) -> None:
+        """Link the views to their stored messages; show a store failure once."""
+        recorder = self.session.recorder
+        views = list(self.query(MessageView))
+        view.message_id = recorder.last_reply_id
+        if len(views) >= 2 and views[-2].role == "user":
+            views[-2].message_id = recorder.last_user_id
+        if recorder.error is not None:
+            self.notify(str(recorder.error), severity="error", timeout=15)
+            recorder.error = None
+
+    # ---- draft tint -------------------------------------------------------------------
+
+    @work(group="tint", exclusive=True)
+    async def show_tint(self, on: bool, engine: Engine | None, token_text: dict[int, str]) -> None:
+        """Tint the text that came from accepted drafts (token texts from /detokenize, cached)."""
+        views = self.replies()
+        if on and engine is not None:
+            wanted = {s.token_ids[-1] for v in views for s in v.steps if len(s.token_ids) > 1} - set(token_text)
+            token_text.update(await engine.detokenize(wanted))
+        for view in views:
+            view.show_tint(on, lambda step: token_text.get(step.token_ids[-1], ""))
+        self.notify("draft tint " + ("on: highlighted text came from accepted drafts" if on else "off"))

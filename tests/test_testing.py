@@ -1,0 +1,59 @@
+"""/test: which command, and the failure summary from a real pytest run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from termchat import testing
+
+FAILING = '''
+def add(a, b):
+    return a - b
+
+
+def test_add():
+    assert add(2, 3) == 5, "two and three make five"
+
+
+def test_other():
+    assert True
+'''
+
+
+def test_the_summary_names_the_failing_test_and_its_assertion(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_calc.py").write_text(FAILING)
+    command = testing.resolve_test_command("", None, tmp_path)
+    assert "pytest" in command and "-rfE" in command
+    done = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True)
+    summary = testing.failure_summary(done.stdout + done.stderr)
+    assert "tests/test_calc.py::test_add" in summary
+    assert "two and three make five" in summary and "assert -1 == 5" in summary
+    assert "test_other" not in summary.split("\n")[0] and "1 failed, 1 passed" in summary
+
+
+def test_the_command_comes_from_the_argument_then_the_profile_then_the_project_file(tmp_path):
+    (tmp_path / ".termchat.toml").write_text('test_command = "make check"\n')
+    assert testing.resolve_test_command("tox -q", "nox", tmp_path) == "tox -q"
+    assert testing.resolve_test_command("", "nox", tmp_path) == "nox"
+    assert testing.resolve_test_command("", None, tmp_path) == "make check"
+
+
+def test_no_tests_here_says_how_to_give_a_command(tmp_path):
+    (tmp_path / ".git").mkdir()  # the search stops at the work tree's root
+    try:
+        testing.resolve_test_command("", None, tmp_path)
+    except Exception as exc:
+        assert "no test command found here" in str(exc) and ".termchat.toml" in str(exc)
+    else:
+        raise AssertionError("expected a UserError")
+
+
+def test_output_that_is_not_pytest_is_summarised_by_its_end():
+    output = "\n".join(f"line {i}" for i in range(200))
+    summary = testing.failure_summary(output)
+    assert summary.startswith("line 140") and summary.endswith("line 199")
+
+
+assert sys.executable  # the detected command may be `python -m pytest` with this interpreter
