@@ -93,7 +93,7 @@ def test_ask_records_its_exchange_unless_no_save(shared_engine):
     store = Store()
     messages = store.messages(data["conversation_id"])
     assert [(m.role, m.content) for m in messages] == [("user", "Name a colour."), ("assistant", data["text"])]
-    assert messages[1].flagged == "" and messages[1].stats["output_tokens"] == data["output_tokens"]
+    assert messages[1].flagged == "" and messages[1].stats.output_tokens == data["output_tokens"]
     assert messages[1].profile == "local" and messages[1].method == "suffix" and messages[1].temperature == 0.7
     subprocess.run([*TERMCHAT, "ask", "--no-save", "--max-tokens", "8", "Name a fruit."], capture_output=True, text=True, cwd=ROOT, timeout=300, check=True)
     assert len(Store().conversations()) == before + 1

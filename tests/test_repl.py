@@ -65,11 +65,15 @@ async def test_the_repl_has_the_coding_commands_of_the_table(shared_engine, tmp_
     ]) + "\r\x04"
     text, repl = await run_repl(keys, tmp_path / "history")
     assert "out-of-run" in text and "exit 0" in text
-    sent = [m for m in Store().messages(repl.chat.conversation_id) if m.role == "user"]
+    store = Store()
+    branch = repl.chat.conversation_id
+    original = store.conversation(branch).parent_id  # /edit 1 forked it
+    assert original is not None and "editing on a new branch" in text
+    sent = [m for m in store.messages(original) if m.role == "user"]
     assert "Output of `echo out-of-run` (exit 0)" in sent[0].content  # /add sent it with the next message
     assert "--- a/calc.py" in text and "+++ b/calc.py" in text  # the diff came before the question
     assert "nothing written" in text and (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
     assert "nothing to undo" in text
-    assert "editing on a new branch" in text and repl.chat.conversation_id != sent[0].conversation_id
-    branch = Store().messages(repl.chat.conversation_id)
-    assert [m.role for m in branch] == ["user", "assistant"] and branch[0].content == sent[0].content
+    replayed = store.messages(branch)
+    assert [m.role for m in replayed] == ["user", "assistant"] and replayed[0].content == sent[0].content
+    assert len(store.messages(original)) == 2  # the old branch is kept as it was

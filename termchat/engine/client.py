@@ -171,10 +171,8 @@ def _transport_message(exc: Exception, engine: Engine, started: bool) -> str:
     text = str(exc)
     if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
         return f"could not verify the TLS certificate of {engine.base_url} ({one_line(text, 200)}). If the server uses a private certificate authority, point SSL_CERT_FILE at its certificate."
-    if isinstance(exc, httpx.ConnectError) or (isinstance(exc, httpx.ProxyError) and not started):
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) or (isinstance(exc, httpx.ProxyError) and not started):
         return f"could not connect to the engine at {engine.base_url} ({type(exc).__name__}: {one_line(text, 200)}). {engine.describe_failure()}"
-    if isinstance(exc, httpx.TimeoutException) and not started:
-        return f"the engine at {engine.base_url} did not answer ({type(exc).__name__}). {engine.describe_failure()}"
     return f"the engine stopped answering mid-reply ({type(exc).__name__}). {engine.describe_failure()}"
 
 

@@ -53,6 +53,7 @@ class EngineController:
         """Stop the engine (off the event loop: it waits for the processes to end)."""
         engine, self.engine = self.engine, None
         if engine is not None:
+            await engine.close()
             await asyncio.to_thread(engine.stop)
 
     def stop_now(self) -> None:
