@@ -195,3 +195,20 @@ async def test_the_fix_loop_applies_the_reply_where_the_last_apply_wrote_and_tes
         assert "tests pass after the fix" in notes(app) and not screen.fixing
         await command(pilot, "/undo")
         assert (project / "calc.py").read_text() == OLD  # the loop's apply is undoable like any other
+
+
+async def test_the_palette_offers_each_code_block_and_shows_its_code_as_plain_text(project):
+    from textual.command import CommandPalette
+    from textual.widgets import OptionList
+
+    app = TermchatApp(start_engine=False, resume=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await reply_on_screen(app, "```python\nprint('[bold red]x[/]')\n```\n")
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette), what="palette")
+        await pilot.press(*"apply code")
+        await pilot.pause(0.5)
+        options = app.screen.query_one(OptionList)
+        shown = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+        assert any("Apply code block 1 to a file" in line for line in shown), shown
+        assert any("print('[bold red]x[/]')" in line for line in shown), shown  # markup stays text
