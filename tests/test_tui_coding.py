@@ -212,3 +212,20 @@ async def test_the_palette_offers_each_code_block_and_shows_its_code_as_plain_te
         shown = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
         assert any("Apply code block 1 to a file" in line for line in shown), shown
         assert any("print('[bold red]x[/]')" in line for line in shown), shown  # markup stays text
+
+
+async def test_a_second_run_stops_the_first_and_escape_still_reaches_the_second(project):
+    app = TermchatApp(start_engine=False, resume=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.chat_screen
+        await command(pilot, "/run sleep 60")
+        await wait_for(pilot, lambda: screen.running is not None, what="first command")
+        await command(pilot, "/run sleep 61")
+        await wait_for(pilot, lambda: screen.running is not None and screen.running.command == "sleep 61", what="second command")
+        first, second = list(app.query(CommandOutput))
+        await wait_for(pilot, lambda: "stopped" in str(first.title), timeout=10, what="first stopped")
+        await pilot.pause(0.5)
+        assert screen.running is not None and screen.running.command == "sleep 61"  # the first's end did not forget the second
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: screen.running is None, timeout=10, what="second stopped")
+        assert "stopped" in str(second.title)

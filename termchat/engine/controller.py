@@ -14,6 +14,7 @@ from collections.abc import Callable
 from termchat.engine.connect import open_engine_async
 from termchat.engine.endpoint import Engine, EngineState
 from termchat.engine.process import ManagedEngine
+from termchat.errors import UserError
 from termchat.profiles import Profile
 
 
@@ -31,9 +32,15 @@ class EngineController:
         return self.engine is not None and self.engine.state == EngineState.READY
 
     async def start(self, profile: Profile) -> Engine:
-        """The profile's engine, ready (raises UserError with what went wrong)."""
+        """The profile's engine, ready (raises UserError with what went wrong).
+
+        Cancelled (a switch, a quit), it leaves a launched engine in `self.engine`
+        for the canceller's `stop()`: stopping it here would race with the start
+        that follows, and the old engine must be gone before the new one starts."""
+        launched_here: list[ManagedEngine] = []
 
         def launched(engine: ManagedEngine) -> None:
+            launched_here.append(engine)
             self.engine = engine  # so that a switch or quit stops it while it warms up
 
         def progress(line: str) -> None:
@@ -42,10 +49,11 @@ class EngineController:
 
         try:
             self.engine = await open_engine_async(profile, progress=progress, launched=launched)
-        except BaseException:
-            failed, self.engine = self.engine, None
-            if failed is not None:
-                await asyncio.to_thread(failed.stop)
+        except UserError:
+            for engine in launched_here:  # died or never got ready: nothing of it stays
+                if self.engine is engine:
+                    self.engine = None
+                await asyncio.to_thread(engine.stop)
             raise
         return self.engine
 

@@ -126,7 +126,7 @@ class ChatScreen(ChatCommands, Screen):
         """Start (or, with `switch`, stop the old and start) the profile's engine."""
         profile = self.session.profile
         if switch:
-            self.workers.cancel_group(self, "reply")
+            self.workers.cancel_group(self.chat, "reply")  # the chat view runs the reply
             self.status(engine=EngineState.STOPPING, engine_detail="")
             await self.engines.stop()  # the old process is gone before the new one starts
         self.advise(profile)

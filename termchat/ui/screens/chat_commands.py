@@ -9,6 +9,7 @@ project's test command); their output reaches the model only with Ctrl+O or
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from textual import work
@@ -165,8 +166,12 @@ class ChatCommands:
         try:
             async for text in run.chunks():
                 block.write(text)
+        except asyncio.CancelledError:  # a newer /run or /test took its place: this one was stopped
+            block.finish()
+            raise
         finally:
-            self.running = None
+            if self.running is run:  # not the newer command's
+                self.running = None
         self.last_run = run
         if not tests:
             block.finish()
