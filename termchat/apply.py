@@ -167,8 +167,9 @@ def plan(code: str, language: str, path: str | None, cwd: Path) -> list[Change]:
     """The changes applying this block would make (nothing is written)."""
     if is_patch(code, language):
         changes = []
-        for target, hunks in split_patch(code):
-            name = path if path and len(split_patch(code)) == 1 else target
+        files = split_patch(code)
+        for target, hunks in files:
+            name = path if path and len(files) == 1 else target
             if not name:
                 raise UserError("this patch names no file; give one: /apply N PATH")
             file = (cwd / name).expanduser().resolve()

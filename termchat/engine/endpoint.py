@@ -20,6 +20,7 @@ import httpx
 
 from termchat.errors import UserError
 from termchat.profiles import Profile
+from termchat.sanitize import one_line
 
 
 class EngineError(UserError):
@@ -121,8 +122,6 @@ class Engine:
 
     async def first_model(self) -> str:
         """The served model, for a remote profile that names none."""
-        from termchat.sanitize import one_line
-
         try:
             response = await self.client.get(self.base_url + "/models")
             response.raise_for_status()

@@ -21,7 +21,6 @@ from termchat.engine.endpoint import EngineState
 from termchat.engine.stats import ReplyStats
 from termchat.models import short_name
 from termchat.profiles import Profile
-from termchat.speculation import ADAPTIVE_METHODS
 
 LEVEL_STYLE = {"low": "bold $error", "moderate": "bold $warning", "strong": "bold $success"}
 
@@ -58,7 +57,7 @@ def render(info: StatusInfo) -> Content:
     method = p.method if p else None
     level, _ = band(method, r.acceptance_rate, r.tokens_per_step, info.step_cost)
     style = LEVEL_STYLE.get(level, "bold")
-    adaptive = method in ADAPTIVE_METHODS
+    adaptive = bool(p and p.speculative and p.speculative.adaptive)
     if r.acceptance_rate is not None:
         # while streaming: derived from step sizes (~); after the reply: the server's exact figure
         parts.append(Content.assemble("acc ~" if info.live else "acc ", (f"{r.acceptance_rate:.0%}", "bold" if adaptive else style)))
