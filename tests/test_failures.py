@@ -23,7 +23,7 @@ from termchat.ui.app import TermchatApp
 from termchat.ui.widgets.status import StatusBar
 
 from .conftest import group_alive
-from .test_tui import ready, replies, type_and_send, wait_for
+from .test_tui import ready, replies, reply_ended, type_and_send, wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -81,7 +81,7 @@ async def test_tui_survives_an_engine_death_and_restarts(prepared_model):
         await wait_for(pilot, lambda: app.engine is not None and app.engine is not first and app.engine.state == "ready", what="restart")
         assert group_alive(first.pid) == []
         await type_and_send(pilot, "Say hi.")
-        await wait_for(pilot, lambda: len(replies(app)) == 2 and replies(app)[-1].stats is not None, what="reply after restart")
+        await reply_ended(pilot, 2, "reply after restart")
         assert replies(app)[-1].text.strip()
         assert replies(app)[0].text == view.text  # the partial reply is still on screen
 

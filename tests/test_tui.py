@@ -37,8 +37,19 @@ async def type_and_send(pilot, text: str) -> None:
 
 async def ask(pilot, text: str) -> MessageView:
     """Send a prompt and wait for the whole reply; its view."""
+    count = len(replies(pilot.app))
     await type_and_send(pilot, text)
-    await wait_for(pilot, lambda: replies(pilot.app) and replies(pilot.app)[-1].stats is not None, what="reply")
+    return await reply_ended(pilot, count + 1)
+
+
+async def reply_ended(pilot, count: int, what: str = "reply") -> MessageView:
+    """Wait for reply number `count` to end and for the screen to have taken its figures.
+
+    The view gets them before the screen handles ReplyEnded, so waiting on the
+    view alone races the status bar."""
+    status = pilot.app.query_one(StatusBar)
+    await wait_for(pilot, lambda: len(replies(pilot.app)) == count and replies(pilot.app)[-1].stats is not None, what=what)
+    await wait_for(pilot, lambda: not status.info.live and status.info.reply is replies(pilot.app)[-1].stats, what=f"{what} end")
     return replies(pilot.app)[-1]
 
 
@@ -75,7 +86,7 @@ async def test_code_prompt_lowers_the_temperature_and_says_why(shared_engine):
         # F4 turns the behaviour off for the session
         await pilot.press("f4")
         await type_and_send(pilot, "refactor this function")
-        await wait_for(pilot, lambda: len(replies(app)) == 2 and replies(app)[-1].stats is not None, what="second reply")
+        await reply_ended(pilot, 2, "second reply")
         assert replies(app)[-1].stats.temperature == 0.7 and "auto off" in replies(app)[-1]._header
 
 
@@ -130,7 +141,7 @@ async def test_switching_profile_stops_the_old_engine_and_shows_the_new_name(sha
         assert own.owned and group_alive(own.pid)
         assert app.query_one(StatusBar).info.profile.name == "plain"
         await type_and_send(pilot, "hi")
-        await wait_for(pilot, lambda: replies(app) and replies(app)[-1].stats is not None, what="reply on plain")
+        await reply_ended(pilot, 1, "reply on plain")
         assert replies(app)[-1].stats.acceptance_rate is None  # no speculation on this profile
         # the picker: F2, then choose `local` (the first row)
         await pilot.press("f2")
