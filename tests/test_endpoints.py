@@ -21,7 +21,7 @@ from termchat.store import Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.widgets.message import MessageView
 
-from .conftest import ROOT, TERMCHAT
+from .conftest import ROOT, TERMCHAT, wait_for
 from .standin import MODEL, StandIn
 
 
@@ -84,9 +84,8 @@ async def test_the_tui_survives_a_malformed_stream(tmp_path):
             await pilot.pause(0.5)
             app.query_one("PromptArea").focus()
             await pilot.press("h", "i", "enter")
-            end = time.monotonic() + 20
-            while not [v for v in app.query(MessageView) if v.role == "assistant" and v.cut] and time.monotonic() < end:
-                await pilot.pause(0.2)
+            status = app.query_one("StatusBar")
+            await wait_for(pilot, lambda: [v for v in app.query(MessageView) if v.role == "assistant" and v.cut] and not status.info.live, timeout=20, what="the cut")
             view = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
             assert view.cut and "not JSON" in str(view.query_one(".footer").render())
             assert app.is_running and app.query_one("StatusBar").info.engine == "ready"

@@ -69,7 +69,7 @@ async def test_tui_survives_an_engine_death_and_restarts(prepared_model):
         await wait_for(pilot, lambda: replies(app)[-1].cut, timeout=60, what="the cut")
         view = replies(app)[-1]
         assert view.text and "engine stopped mid-reply" in str(view.query_one(".footer").render())
-        assert app.query_one(StatusBar).info.engine == "failed"
+        await wait_for(pilot, lambda: app.query_one(StatusBar).info.engine == "failed", timeout=30, what="the status bar to say failed")
         panel = str(app.query_one("#engine-log").render())
         assert "F5 restarts it" in panel and "Last lines of" in panel
         stored = Store().messages(app.session.conversation_id)
