@@ -85,6 +85,8 @@ VOCABULARY_PHRASES = (
     "binary search", "recherche dichotomique", "time complexity", "big o", "hash table", "table de hachage", "stack trace",
     "memory leak", "fuite de mémoire", "race condition", "borrow checker", "null pointer", "reverse proxy", "pull request",
 )
+# a word counts once: as a tool or language, else as an artefact, else as vocabulary
+VOCABULARY -= ARTEFACTS | TOOLS
 WEAK = set("error errors bug crash install build deploy server type types optimize erreur serveur installer unitaire unitaires".split())
 GENRES = set(
     "poem poems poetry haiku sonnet limerick story stories tale novel song songs chorus lyrics toast speech letter essay "
