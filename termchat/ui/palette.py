@@ -19,6 +19,14 @@ from termchat.sanitize import inert
 
 
 class TermchatCommands(Provider):
+    """Built once per opening of the palette (the screen behind it cannot
+    change while it is open), not once per keystroke."""
+
+    _entries: list[tuple[str, str, Callable]] = []
+
+    async def startup(self) -> None:
+        self._entries = self.entries()
+
     def entries(self) -> list[tuple[str, str, Callable]]:
         chat = self.app.chat_screen
         entries = [
@@ -46,12 +54,12 @@ class TermchatCommands(Provider):
         return entries
 
     async def discover(self):
-        for name, help_text, callback in self.entries():
+        for name, help_text, callback in self._entries:
             yield DiscoveryHit(Content(inert(name)), callback, text=name, help=escape(inert(help_text)))
 
     async def search(self, query: str):
         matcher = self.matcher(query)
-        for name, help_text, callback in self.entries():
+        for name, help_text, callback in self._entries:
             score = matcher.match(name)
             if score > 0:
                 yield Hit(score, Content(inert(name)), callback, text=name, help=escape(inert(help_text)))
