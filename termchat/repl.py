@@ -116,6 +116,7 @@ class Repl:
         self.undo = UndoStack()
         self.last_run: CommandRun | None = None
         self.last_failure: tuple[str, str] | None = None
+        self.applied: list[Path] = []  # the files the last /apply wrote (where a fix goes)
         self.next_text = ""  # put in the prompt for editing (/edit)
         self.quitting = False
 
@@ -170,10 +171,11 @@ class Repl:
         finally:
             self.engines.stop_now()
 
-    async def send(self, text: str) -> None:
+    async def send(self, text: str) -> bool:
+        """Send a prompt and print the reply; whether it came whole."""
         if not self.engines.ready or not self.engines.engine.alive():
             if not await self.start_engine():
-                return
+                return False
         problem = self.chat.open_store()
         if problem:
             self.say(problem)
@@ -196,6 +198,7 @@ class Repl:
         if recorder.error:
             self.say(str(recorder.error))
             recorder.error = None
+        return not isinstance(outcome, BaseException)
 
     async def _interruptible(self, coroutine, on_interrupt=None):
         """Run `coroutine`; Ctrl+C cancels it. Its result, or the exception that ended it."""
@@ -264,21 +267,27 @@ class Repl:
             raise UserError("no code block to apply yet")
         if number is not None and not 1 <= number <= len(blocks):
             raise UserError(f"there are {len(blocks)} code blocks; give a number from 1 to {len(blocks)}")
-        language, code = blocks[(number or len(blocks)) - 1]
+        await self._apply(*blocks[(number or len(blocks)) - 1], words[0] if words else None)
+
+    async def _apply(self, language: str, code: str, path: str | None, confirm: bool = True) -> bool:
+        """Show the diff, ask (unless in the fix loop the user started), write. Whether it wrote."""
         code, warning = clean_code(code)
         if warning:
             self.say(warning)
-        changes = apply.plan(code, language, words[0] if words else None, Path.cwd())
+        changes = apply.plan(code, language, path, Path.cwd())
         for change in changes:
             self.write(inert(change.diff(Path.cwd())) or f"{change.path}: no change\n")
             status = apply.git_status(change.path)
             if status:
                 self.say(f"{change.path.name}: {status}")
-        answer = await self.session.prompt_async("write it? (y/N) ", default="")
-        if answer.strip().lower() not in ("y", "yes"):
-            self.say("nothing written")
-            return
+        if confirm:
+            answer = await self.session.prompt_async("write it? (y/N) ", default="")
+            if answer.strip().lower() not in ("y", "yes"):
+                self.say("nothing written")
+                return False
         self.say("applied: " + apply.write(changes, self.undo))
+        self.applied = [c.path for c in changes]
+        return True
 
     async def do_undo(self, arg: str) -> None:
         self.say(self.undo.undo())
@@ -309,18 +318,28 @@ class Repl:
         command = testing.resolve_test_command(arg, self.chat.profile.test_command, Path.cwd())
         run = await self._run(command)
         if run.exit_code == 0:
-            self.say("tests pass")
+            self.say("tests pass" + (" after the fix" if self.last_failure else ""))
             self.last_failure = None
         else:
             self.last_failure = (command, testing.failure_summary(run.output))
-            self.say(f"tests fail ({run.outcome()}). /fix sends this summary and asks for a fix:\n{self.last_failure[1]}")
+            self.say(f"tests fail ({run.outcome()}). /fix sends this summary and asks for a fix (/fix 3: up to 3 rounds of fix, apply, test):\n{self.last_failure[1]}")
 
     async def do_fix(self, arg: str) -> None:
+        """One request; with ROUNDS, the loop: fix, apply where the last /apply wrote, test."""
         if self.last_failure is None:
             raise UserError("no failing /test to fix; run /test first")
-        if arg:
-            raise UserError("the fix loop (/fix ROUNDS) is in the TUI; here /fix sends one request, then /apply and /test")
-        await self.send(testing.fix_request(*self.last_failure))
+        rounds = testing.fix_rounds(arg)
+        for _ in range(max(rounds, 1)):
+            if not await self.send(testing.fix_request(*self.last_failure)) or not rounds:
+                return
+            blocks = code_blocks(self.chat.conversation.messages[-1]["content"])
+            index, path = testing.fix_target(blocks, self.applied)
+            if not await self._apply(*blocks[index], path, confirm=False):
+                return
+            await self.do_test(self.last_failure[0])
+            if self.last_failure is None or self.last_run.ended_by == "stopped":
+                return
+        self.say("the tests still fail after the rounds asked for; the changes stay (/undo restores them one by one)")
 
 
 def code_blocks(text: str) -> list[tuple[str, str]]:

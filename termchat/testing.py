@@ -15,11 +15,13 @@ import sys
 import tomllib
 from pathlib import Path
 
+from termchat import apply
 from termchat.errors import UserError
 
 PROJECT_FILE = ".termchat.toml"
 PYTEST_ARGS = "-q -rfE --color=no"
 SUMMARY_LINES = 60
+MAX_FIX_ROUNDS = 5
 
 
 def _project_root(cwd: Path) -> list[Path]:
@@ -103,3 +105,25 @@ def failure_summary(output: str) -> str:
 
 def fix_request(command: str, summary: str) -> str:
     return f"The tests fail (`{command}`):\n\n```\n{summary}\n```\n\nFix the code so that they pass. Reply with each corrected file whole, in a fenced block."
+
+
+def fix_rounds(arg: str) -> int:
+    """/fix's argument: 0 to send one request and stop, else the rounds of fix, apply, test asked for."""
+    if not arg:
+        return 0
+    rounds = int(arg) if arg.isdigit() else 0
+    if not 1 <= rounds <= MAX_FIX_ROUNDS:
+        raise UserError(f"/fix takes a number of rounds from 1 to {MAX_FIX_ROUNDS}")
+    return rounds
+
+
+def fix_target(blocks: list[tuple[str, str]], applied: list[Path]) -> tuple[int, str | None]:
+    """Which of a reply's (language, code) blocks the fix loop applies, and
+    where: a patch names its files (None); a single block goes where the
+    last /apply wrote its single file. Anything else would be a guess."""
+    patches = [i for i, (language, code) in enumerate(blocks) if apply.is_patch(code, language)]
+    if patches:
+        return patches[0], None
+    if len(blocks) == 1 and len(applied) == 1:
+        return 0, str(applied[0])
+    raise UserError("the fix loop stopped: the reply's code does not say which file it is for; /apply it, then /test")

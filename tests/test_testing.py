@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from termchat import testing
+from termchat.errors import UserError
 
 FAILING = '''
 def add(a, b):
@@ -57,3 +60,21 @@ def test_output_that_is_not_pytest_is_summarised_by_its_end():
 
 
 assert sys.executable  # the detected command may be `python -m pytest` with this interpreter
+
+
+def test_fix_rounds_are_bounded():
+    assert testing.fix_rounds("") == 0 and testing.fix_rounds("3") == 3
+    for bad in ("0", "6", "two"):
+        with pytest.raises(UserError, match="from 1 to 5"):
+            testing.fix_rounds(bad)
+
+
+def test_the_fix_goes_where_the_patch_or_the_last_apply_says_and_nowhere_else(tmp_path):
+    patch = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
+    applied = [tmp_path / "calc.py"]
+    assert testing.fix_target([("text", "prose"), ("diff", patch)], applied) == (1, None)  # a patch names its file
+    assert testing.fix_target([("python", "def add(): ...\n")], applied) == (0, str(applied[0]))
+    with pytest.raises(UserError, match="does not say which file"):
+        testing.fix_target([("python", "a = 1\n"), ("python", "b = 2\n")], applied)  # two blocks, one file: a guess
+    with pytest.raises(UserError, match="does not say which file"):
+        testing.fix_target([("python", "a = 1\n")], [])  # nothing applied yet

@@ -26,7 +26,6 @@ from termchat.ui.widgets.command_output import CommandOutput
 from termchat.ui.widgets.message import CodeBlock
 from termchat.ui.widgets.prompt import PromptArea
 
-MAX_FIX_ROUNDS = 5
 
 
 class ChatCommands:
@@ -179,14 +178,18 @@ class ChatCommands:
         if run.exit_code == 0:
             block.finish("tests pass")
             self.say("tests pass" + (" after the fix" if self.last_failure else ""))
-            self.last_failure, self.fixing = None, False
+            self.last_failure = None
+            self.stop_fixing()  # rounds left over must not turn the next /fix into a loop
             return
         self.last_failure = (command, testing.failure_summary(run.output))
         block.finish("/fix asks for a fix · Ctrl+O adds the output")
-        if self.fixing and self.fix_rounds_left > 0:
+        if self.fixing and run.ended_by == "stopped":
+            self.stop_fixing()
+            self.say("the fix loop stopped with the tests")
+        elif self.fixing and self.fix_rounds_left > 0:
             await self.do_fix("")
         elif self.fixing:
-            self.fixing = False
+            self.stop_fixing()
             self.notify("the tests still fail after the rounds asked for; the changes stay (/undo restores them one by one)", severity="warning", timeout=15)
         else:
             self.notify("tests fail: /fix sends the failure summary and asks for a fix (/fix 3: up to 3 rounds of fix, apply, test)", severity="warning", timeout=15)
@@ -195,10 +198,7 @@ class ChatCommands:
         if self.last_failure is None:
             raise UserError("no failing /test to fix; run /test first")
         if arg:
-            rounds = int(arg) if arg.isdigit() else 0
-            if not 1 <= rounds <= MAX_FIX_ROUNDS:
-                raise UserError(f"/fix takes a number of rounds from 1 to {MAX_FIX_ROUNDS}")
-            self.fix_rounds_left = rounds
+            self.fix_rounds_left = testing.fix_rounds(arg)
         self.fixing = self.fix_rounds_left > 0
         if self.fixing:
             self.fix_rounds_left -= 1
@@ -209,24 +209,24 @@ class ChatCommands:
         if not self.fixing:
             return
         if event.how != "complete":
-            self.fixing, self.fix_rounds_left = False, 0
+            self.stop_fixing()
             return
         self.run_worker(self._apply_fix_and_test())
 
+    def stop_fixing(self) -> None:
+        self.fixing, self.fix_rounds_left = False, 0
+
     async def _apply_fix_and_test(self) -> None:
         blocks = self.chat.replies()[-1].code_blocks()
-        patches = [b for b in blocks if apply.is_patch(b.code, b.language)]
-        if patches:
-            ok = await self.apply_block(patches[0], None, confirm=False)
-        elif len(blocks) == 1 and len(self.applied) == 1:
-            ok = await self.apply_block(blocks[0], str(self.applied[0]), confirm=False)
-        else:
-            ok = False
-            self.error("the fix loop stopped: the reply's code does not say which file it is for; /apply it, then /test")
-        if ok:
+        try:
+            index, path = testing.fix_target([(b.language, b.code) for b in blocks], self.applied)
+        except UserError as exc:
+            self.stop_fixing()
+            return self.error(str(exc))
+        if await self.apply_block(blocks[index], path, confirm=False):
             self.run_command(self.last_failure[0], tests=True)
         else:
-            self.fixing, self.fix_rounds_left = False, 0
+            self.stop_fixing()
 
     async def do_add(self, arg: str) -> None:
         self.action_add_output()
@@ -241,7 +241,7 @@ class ChatCommands:
         if self.running is not None:
             self.running.stop()
         else:
-            self.fixing, self.fix_rounds_left = False, 0
+            self.stop_fixing()
             self.workers.cancel_group(self.chat, "reply")
 
     # ---- branches, regenerate, new conversation ---------------------------------------------
