@@ -197,6 +197,20 @@ async def test_the_fix_loop_applies_the_reply_where_the_last_apply_wrote_and_tes
         assert (project / "calc.py").read_text() == OLD  # the loop's apply is undoable like any other
 
 
+async def test_escape_during_the_loops_test_run_ends_the_loop(project):
+    app = TermchatApp(start_engine=False, resume=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.chat_screen
+        screen.last_failure = ("sleep 30", "- FAILED tests/test_calc.py::test_add")
+        screen.fixing, screen.fix_rounds_left = True, 2  # a /fix 3 loop, its first fix applied
+        screen.run_command("sleep 30", tests=True)
+        await wait_for(pilot, lambda: screen.running is not None, what="the loop's test run")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not screen.fixing, timeout=10, what="the loop to end")
+        assert screen.fix_rounds_left == 0 and "the fix loop stopped with the tests" in notes(app)
+        assert not [v for v in app.query(MessageView) if v.role == "user"]  # no fix request went out
+
+
 async def test_the_palette_offers_each_code_block_and_shows_its_code_as_plain_text(project):
     from textual.command import CommandPalette
     from textual.widgets import OptionList
