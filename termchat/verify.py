@@ -88,12 +88,17 @@ class Samples:
 
 def improbable_tail(spec: list[float], base: list[float]) -> float:
     """P(at least as many improbable tokens in `spec` | lossless), one-sided binomial tail."""
-    a = sum(x < IMPROBABLE for x in spec)
-    k = a + sum(x < IMPROBABLE for x in base)
-    if not k or not spec:
+    return binomial_tail(sum(x < IMPROBABLE for x in spec), len(spec), sum(x < IMPROBABLE for x in base), len(base))
+
+
+def binomial_tail(spec_count: int, spec_tokens: int, base_count: int, base_tokens: int) -> float:
+    """The same from counts: of all improbable tokens, each falls on the
+    speculative side with that side's share of tokens if speculation is lossless."""
+    k = spec_count + base_count
+    if not k or not spec_tokens:
         return 1.0
-    share = len(spec) / (len(spec) + len(base))
-    return min(1.0, sum(math.comb(k, i) * share**i * (1 - share) ** (k - i) for i in range(a, k + 1)))
+    share = spec_tokens / (spec_tokens + base_tokens)
+    return min(1.0, sum(math.comb(k, i) * share**i * (1 - share) ** (k - i) for i in range(spec_count, k + 1)))
 
 
 def welch_t(a: list[float], b: list[float]) -> float:

@@ -10,10 +10,10 @@ from termchat.bench.report import Sample, bar_chart, ideal_speedup, lossless_lin
 from termchat.errors import UserError
 
 
-def sample(prompt_id, category, speculative, tokens_per_s, output_tokens, accepted=None, drafted=None, spec_steps=None, histogram=(), temperature=None, mean_logprob=None, run=0, steps=None) -> Sample:
+def sample(prompt_id, category, speculative, tokens_per_s, output_tokens, accepted=None, drafted=None, spec_steps=None, histogram=(), temperature=None, mean_logprob=None, run=0, steps=None, improbable=None) -> Sample:
     """A bench sample in the report's own shape: one ReplyStats and where it stands."""
     stats = ReplyStats(output_tokens=output_tokens, decode_tokens_per_s=tokens_per_s, accepted_tokens=accepted, draft_tokens=drafted, spec_steps=spec_steps, acceptance_histogram=list(histogram), temperature=temperature, steps=steps or 0)
-    return Sample(prompt_id, category, speculative, stats, run=run, mean_logprob=mean_logprob)
+    return Sample(prompt_id, category, speculative, stats, run=run, mean_logprob=mean_logprob, improbable=improbable)
 
 
 def test_ideal_speedup_formula():
@@ -112,6 +112,21 @@ def test_a_category_where_speculation_changed_the_sampling_reports_no_speed_up()
     assert "x " not in chat_row.split("NOT LOSSLESS")[0]  # no speed-up figure on the broken row
     assert "NOT LOSSLESS" in bar_chart(rows).splitlines()[0]
     assert "WARNING" in lossless_line(rows) and "chat" in lossless_line(rows).split("WARNING")[1]
+
+
+def test_improbable_tokens_fail_a_category_the_mean_alone_would_pass():
+    """What vLLM 0.32.0 did: the means stay close (t passes) while garbage tokens appear."""
+    means = [-0.9, -1.1, -0.8, -1.0, -0.95, -0.85]
+
+    def replies(speculative: bool, improbable: int) -> list[Sample]:
+        return [sample(f"p{i}", "chat", speculative, 20.0, 64, accepted=5, drafted=50, spec_steps=10, temperature=0.7, mean_logprob=lp, improbable=improbable) for i, lp in enumerate(means)]
+
+    (broken,) = summarize(replies(True, 4) + replies(False, 0), 5, 0.0)  # 24 of 384 tokens below -6, against none
+    assert abs(broken.lossless_t) < 0.1 and broken.lossless_p < 1e-6
+    assert not broken.lossless and "improbable tokens" in broken.verdict and broken.to_dict()["lossless"] is False
+    assert "WARNING" in lossless_line([("", broken)]) and "p=" in lossless_line([("", broken)])
+    (sound,) = summarize(replies(True, 1) + replies(False, 1), 5, 0.0)
+    assert sound.lossless and sound.lossless_p > 0.1 and lossless_line([("", sound)]).endswith("all pass")
 
 
 def test_greedy_replies_are_not_judged_by_log_probabilities():

@@ -12,10 +12,12 @@ Pure functions on recorded samples, so they are tested on fixed numbers.
 - acceptance: accepted / proposed drafts summed over all requests;
 - ideal speed-up: (1 - a^(k+1)) / ((1 - a)(k*c + 1)), a = acceptance,
   k = speculative tokens, c = a draft step's cost relative to a target step;
-- lossless: at T > 0, the mean log-probability of the sampled tokens with and
-  without speculation (Welch's t, as in `termchat doctor --verify`). A
-  category where speculation changed what was sampled gets no speed-up: it
-  would measure a defect, not speculation.
+- lossless: at T > 0, the checks of `termchat doctor --verify` on the bench's
+  own replies: the mean log-probability of the sampled tokens with and
+  without speculation (Welch's t), and the share of improbable tokens
+  (log-probability below -6; a one-sided binomial tail). A category where
+  speculation changed what was sampled gets no speed-up: it would measure a
+  defect, not speculation.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 from termchat.advisor import ADAPTIVE_METHODS, band
 from termchat.engine.stats import ReplyStats
-from termchat.verify import T_LIMIT, welch_t
+from termchat.verify import IMPROBABLE, P_LIMIT, T_LIMIT, binomial_tail, welch_t
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Sample:
     stats: ReplyStats
     run: int = 0  # 0: the first time the engine saw this prompt; later runs may hit a proposer's cache
     mean_logprob: float | None = None  # of the sampled tokens, at T > 0
+    improbable: int | None = None  # sampled tokens with a log-probability below verify.IMPROBABLE, at T > 0
 
 
 MIN_REPLIES_FOR_LOSSLESS = 4
@@ -51,6 +54,19 @@ def lossless_t(spec: list[Sample], base: list[Sample]) -> float | None:
     if min(len(a), len(b)) < MIN_REPLIES_FOR_LOSSLESS:
         return None
     return welch_t(a, b)
+
+
+def lossless_tail(spec: list[Sample], base: list[Sample]) -> float | None:
+    """The chance of as many improbable tokens with speculation if it were lossless (None: none sampled)."""
+    a = [s for s in spec if s.improbable is not None and s.stats.temperature]
+    b = [s for s in base if s.improbable is not None and s.stats.temperature]
+    if not a or not b:
+        return None
+    return binomial_tail(sum(s.improbable for s in a), sum(s.stats.output_tokens for s in a), sum(s.improbable for s in b), sum(s.stats.output_tokens for s in b))
+
+
+def count_improbable(logprobs: list[float]) -> int:
+    return sum(x < IMPROBABLE for x in logprobs)
 
 
 def quantiles(values: list[float]) -> tuple[float, float, float]:
@@ -110,16 +126,17 @@ class CategoryResult:
     verdict: str
     samples: int
     lossless_t: float | None = None  # None: no sampled (T > 0) replies to check
+    lossless_p: float | None = None  # the improbable tokens' tail; None: not measured
     repeat_speedup: float | None = None  # the same prompts asked again (runs after the first)
     tokens_per_step: float | None = None  # output tokens per engine step with speculation
     step_cost: float | None = None  # a speculative step's time over a plain step's
 
     @property
     def lossless(self) -> bool:
-        return self.lossless_t is None or abs(self.lossless_t) <= T_LIMIT
+        return (self.lossless_t is None or abs(self.lossless_t) <= T_LIMIT) and (self.lossless_p is None or self.lossless_p >= P_LIMIT)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self) | {"lossless": self.lossless}
 
 
 def summarize(samples: list[Sample], k: int | None, draft_cost: float, method: str | None = None) -> list[CategoryResult]:
@@ -161,10 +178,11 @@ def summarize(samples: list[Sample], k: int | None, draft_cost: float, method: s
             ideal = per_step
         else:
             ideal = ideal_speedup(acceptance, k, draft_cost) if acceptance is not None and k else None
-        t = lossless_t(spec, base)
+        t, p = lossless_t(spec, base), lossless_tail(spec, base)
         judged = verdict(acceptance, speedup, method, per_step, cost)
-        if t is not None and abs(t) > T_LIMIT:
-            judged = f"NOT LOSSLESS: speculation changed what was sampled at T > 0 (t = {t:.1f}); no speed-up to report, run `termchat doctor --verify`"
+        if (t is not None and abs(t) > T_LIMIT) or (p is not None and p < P_LIMIT):
+            why = f"t = {t:.1f}" if t is not None and abs(t) > T_LIMIT else f"improbable tokens, chance {p:.1g}"
+            judged = f"NOT LOSSLESS: speculation changed what was sampled at T > 0 ({why}); no speed-up to report, run `termchat doctor --verify`"
         results.append(
             CategoryResult(
                 category=category,
@@ -180,6 +198,7 @@ def summarize(samples: list[Sample], k: int | None, draft_cost: float, method: s
                 verdict=judged,
                 samples=len(spec),
                 lossless_t=t,
+                lossless_p=p,
                 repeat_speedup=repeat,
                 tokens_per_step=per_step,
                 step_cost=cost,
@@ -252,12 +271,21 @@ def bar_chart(rows: list[tuple[str, CategoryResult]], width: int = 40) -> str:
 
 def lossless_line(rows: list[tuple[str, CategoryResult]]) -> str:
     """One line on whether speculation kept sampling intact, per row with replies at T > 0."""
-    checked = [(value, r) for value, r in rows if r.lossless_t is not None]
+    checked = [(value, r) for value, r in rows if r.lossless_t is not None or r.lossless_p is not None]
     if not checked:
         return ""
-    cells = ", ".join(f"{r.category}{' ' + value if value else ''} t={r.lossless_t:.1f}" for value, r in checked)
+
+    def cell(value: str, r: CategoryResult) -> str:
+        t = f" t={r.lossless_t:.1f}" if r.lossless_t is not None else ""
+        p = f" p={r.lossless_p:.2g}" if r.lossless_p is not None else ""
+        return f"{r.category}{' ' + value if value else ''}{t}{p}"
+
+    cells = ", ".join(cell(value, r) for value, r in checked)
     broken = [r.category for _, r in checked if not r.lossless]
-    head = f"lossless at T > 0 (mean log-probability of sampled tokens with vs without speculation, Welch's t, |t| <= {T_LIMIT:g}): "
+    head = (
+        "lossless at T > 0 (sampled tokens with vs without speculation: mean log-probability, Welch's t, "
+        f"|t| <= {T_LIMIT:g}; tokens below {IMPROBABLE:g}, chance p >= {P_LIMIT:g}): "
+    )
     if broken:
         return head + cells + f"\nWARNING: speculation changed what was sampled in {', '.join(broken)}; those speed-ups are not reported. `termchat doctor --verify --profile NAME` checks the engine."
     return head + cells + ": all pass"

@@ -18,10 +18,8 @@ def _file(profile_name: str):
 
 def remember(profile_name: str, categories: list[dict], runs: int, max_tokens: int) -> None:
     """Keep the speed-ups (and the measured step cost) of a bench of this profile."""
-    from termchat.verify import T_LIMIT
-
     # a category where speculation changed the sampling has no speed-up to remember
-    speedups = {c["category"]: round(c["speedup"], 2) for c in categories if c.get("lossless_t") is None or abs(c["lossless_t"]) <= T_LIMIT}
+    speedups = {c["category"]: round(c["speedup"], 2) for c in categories if c.get("lossless", True)}
     try:
         path = paths.private_file(_file(profile_name))
         costs = sorted(c["step_cost"] for c in categories if c.get("step_cost"))

@@ -14,7 +14,7 @@ import zlib
 from dataclasses import dataclass, replace
 
 from termchat.bench.prompts import BenchPrompt
-from termchat.bench.report import Sample
+from termchat.bench.report import Sample, count_improbable
 from termchat.classify import temperature_for
 from termchat.engine.process import ManagedEngine
 from termchat.engine.client import Sampling, complete_sync
@@ -96,6 +96,7 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
                     stats=stats,
                     run=run,
                     mean_logprob=sum(stream.token_logprobs) / len(stream.token_logprobs) if stream.token_logprobs else None,
+                    improbable=count_improbable(stream.token_logprobs) if stream.token_logprobs else None,
                 )
             )
     return samples
