@@ -163,16 +163,28 @@ def _find(lines: list[str], wanted: list[str], guess: int, earliest: int) -> int
 # ---- planning and writing -------------------------------------------------------------------
 
 
-def plan(code: str, language: str, path: str | None, cwd: Path) -> list[Change]:
-    """The changes applying this block would make (nothing is written)."""
+def plan(code: str, language: str, path: str | None, cwd: Path, confined: bool = False) -> list[Change]:
+    """The changes applying this block would make (nothing is written).
+
+    `confined`: the paths come from the model, not the user (the fix loop
+    writes without showing a diff), so each must stay inside `cwd` and out of
+    `.git`; that is checked before any file is read."""
+
+    def target(name: str) -> Path:
+        file = (cwd / name).expanduser().resolve()
+        root = cwd.resolve()
+        if confined and (not file.is_relative_to(root) or ".git" in file.relative_to(root).parts):
+            raise UserError(f"the reply would write {file}, outside {root} (or in .git); nothing written. /apply it yourself to see the diff")
+        return file
+
     if is_patch(code, language):
         changes = []
         files = split_patch(code)
-        for target, hunks in files:
-            name = path if path and len(files) == 1 else target
+        for name, hunks in files:
+            name = path if path and len(files) == 1 else name
             if not name:
                 raise UserError("this patch names no file; give one: /apply N PATH")
-            file = (cwd / name).expanduser().resolve()
+            file = target(name)
             old, mode = _read(file)
             changes.append(Change(file, old, apply_patch(old or "", hunks, name), mode))
         if not changes:
@@ -180,7 +192,7 @@ def plan(code: str, language: str, path: str | None, cwd: Path) -> list[Change]:
         return changes
     if not path:
         raise UserError("give the file to write: /apply [N] PATH")
-    file = (cwd / path).expanduser().resolve()
+    file = target(path)
     old, mode = _read(file)
     return [Change(file, old, code, mode)]
 

@@ -267,27 +267,28 @@ class Repl:
             raise UserError("no code block to apply yet")
         if number is not None and not 1 <= number <= len(blocks):
             raise UserError(f"there are {len(blocks)} code blocks; give a number from 1 to {len(blocks)}")
-        await self._apply(*blocks[(number or len(blocks)) - 1], words[0] if words else None)
-
-    async def _apply(self, language: str, code: str, path: str | None, confirm: bool = True) -> bool:
-        """Show the diff, ask (unless in the fix loop the user started), write. Whether it wrote."""
+        language, code = blocks[(number or len(blocks)) - 1]
         code, warning = clean_code(code)
         if warning:
             self.say(warning)
-        changes = apply.plan(code, language, path, Path.cwd())
+        changes = apply.plan(code, language, words[0] if words else None, Path.cwd())
+        self._show(changes)
+        answer = await self.session.prompt_async("write it? (y/N) ", default="")
+        if answer.strip().lower() not in ("y", "yes"):
+            self.say("nothing written")
+            return
+        self._write(changes)
+
+    def _show(self, changes: list[apply.Change]) -> None:
         for change in changes:
             self.write(inert(change.diff(Path.cwd())) or f"{change.path}: no change\n")
             status = apply.git_status(change.path)
             if status:
                 self.say(f"{change.path.name}: {status}")
-        if confirm:
-            answer = await self.session.prompt_async("write it? (y/N) ", default="")
-            if answer.strip().lower() not in ("y", "yes"):
-                self.say("nothing written")
-                return False
+
+    def _write(self, changes: list[apply.Change]) -> None:
         self.say("applied: " + apply.write(changes, self.undo))
         self.applied = [c.path for c in changes]
-        return True
 
     async def do_undo(self, arg: str) -> None:
         self.say(self.undo.undo())
@@ -332,10 +333,10 @@ class Repl:
         for _ in range(max(rounds, 1)):
             if not await self.send(testing.fix_request(*self.last_failure)) or not rounds:
                 return
-            blocks = code_blocks(self.chat.conversation.messages[-1]["content"])
-            index, path = testing.fix_target(blocks, self.applied)
-            if not await self._apply(*blocks[index], path, confirm=False):
-                return
+            blocks = [(language, clean_code(code)[0]) for language, code in code_blocks(self.chat.conversation.messages[-1]["content"])]
+            changes = testing.plan_fix(blocks, self.applied, Path.cwd())
+            self._show(changes)
+            self._write(changes)
             await self.do_test(self.last_failure[0])
             if self.last_failure is None or self.last_run.ended_by == "stopped":
                 return

@@ -104,7 +104,7 @@ def failure_summary(output: str) -> str:
 
 
 def fix_request(command: str, summary: str) -> str:
-    return f"The tests fail (`{command}`):\n\n```\n{summary}\n```\n\nFix the code so that they pass. Reply with each corrected file whole, in a fenced block."
+    return f"The tests fail (`{command}`):\n\n```\n{summary}\n```\n\nFix the code so that they pass. Reply with each corrected file whole, in a fenced block whose first line is a comment naming the file (for example `# calc.py`)."
 
 
 def fix_rounds(arg: str) -> int:
@@ -117,13 +117,35 @@ def fix_rounds(arg: str) -> int:
     return rounds
 
 
-def fix_target(blocks: list[tuple[str, str]], applied: list[Path]) -> tuple[int, str | None]:
+# the first line of a block, naming its file: "# calc.py", "// src/app.ts", "-- schema.sql", "<!-- index.html -->"
+FILE_COMMENT = re.compile(r"^\s*(?:#|//|--|;|/\*|<!--)\s*(?:file(?:name)?:\s*)?((?:~/|/)?[\w.-]+(?:/[\w.-]+)*\.[A-Za-z]\w*)\s*(?:\*/|-->)?\s*$", re.I)
+
+
+def named_file(code: str) -> str | None:
+    """The file a block names on its first line (as fix_request asks), if any."""
+    first = code.split("\n", 1)[0]
+    match = FILE_COMMENT.match(first)
+    return match.group(1) if match else None
+
+
+def fix_targets(blocks: list[tuple[str, str]], applied: list[Path]) -> list[tuple[int, str | None]]:
     """Which of a reply's (language, code) blocks the fix loop applies, and
-    where: a patch names its files (None); a single block goes where the
-    last /apply wrote its single file. Anything else would be a guess."""
-    patches = [i for i, (language, code) in enumerate(blocks) if apply.is_patch(code, language)]
+    where: patches name their files (None); blocks whose first line names a
+    file go there; a single block without a name goes where the last /apply
+    wrote its single file. Anything else would be a guess. The paths come
+    from the model: the caller plans them with apply.plan(confined=True)."""
+    patches = [(i, None) for i, (language, code) in enumerate(blocks) if apply.is_patch(code, language)]
     if patches:
-        return patches[0], None
+        return patches
+    named = [(i, named_file(code)) for i, (_, code) in enumerate(blocks) if named_file(code)]
+    if named:
+        return named
     if len(blocks) == 1 and len(applied) == 1:
-        return 0, str(applied[0])
+        return [(0, str(applied[0]))]
     raise UserError("the fix loop stopped: the reply's code does not say which file it is for; /apply it, then /test")
+
+
+def plan_fix(blocks: list[tuple[str, str]], applied: list[Path], cwd: Path) -> list[apply.Change]:
+    """The changes one round of the fix loop makes: every target planned
+    before anything is written, each kept inside `cwd`."""
+    return [change for i, path in fix_targets(blocks, applied) for change in apply.plan(blocks[i][1], blocks[i][0], path, cwd, confined=True)]

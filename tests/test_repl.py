@@ -85,37 +85,39 @@ FAILING_TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) 
 @pytest.mark.parametrize("fixed", [True, False])
 async def test_the_repl_fix_loop_applies_tests_and_stops_when_green_or_out_of_rounds(tmp_path, monkeypatch, fixed):
     """/fix 3 in the REPL. The model's replies are scripted (a stand-in for
-    the model: the default 135M one cannot write this fix); /apply, the
-    writes and the pytest runs are real."""
+    the model: the default 135M one cannot write this fix); the writes and the
+    pytest runs are real. The good fix names its file on its first line; the
+    bad one names none and goes where the last /apply wrote."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_calc.py").write_text(FAILING_TEST)
     (tmp_path / "tests" / "conftest.py").write_text(f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n")
+    fix = "# calc.py\ndef add(a, b):\n    return a + b\n" if fixed else "def add(a, b):\n    return a * b\n"
     out: list[str] = []
     with create_pipe_input() as pipe:
         repl = Repl(load_config(None), "local", input=pipe, output=DummyOutput(), write=out.append, history_file=tmp_path / "history", color=False)
         sent: list[str] = []
-        body = "return a + b" if fixed else "return a * b"
 
         async def scripted_send(text: str) -> bool:  # the model's turn, scripted
             sent.append(text)
             repl.chat.conversation.add("user", text)
-            repl.chat.conversation.add("assistant", f"Here:\n\n```python\ndef add(a, b):\n    {body}\n```\n")
+            repl.chat.conversation.add("assistant", f"Here:\n\n```python\n{fix}```\n")
             return True
 
         repl.send = scripted_send
-        repl.applied = [tmp_path / "calc.py"]  # as a first /apply calc.py leaves it
+        repl.applied = [] if fixed else [tmp_path / "calc.py"]  # as a first /apply calc.py leaves it
         await repl.do_test("")
         assert repl.last_failure is not None
         await repl.do_fix("3")
     text = "".join(out)
     assert "tests/test_calc.py::test_add" in sent[0] and "two and three make five" in sent[0]
+    assert "+    return a " in text  # each round's diff is shown, though not asked for
     if fixed:
         assert len(sent) == 1 and "tests pass after the fix" in text and repl.last_failure is None
-        assert (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+        assert (tmp_path / "calc.py").read_text() == fix
+        repl.undo.undo()
+        assert (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"  # the loop's write is undoable
     else:
         assert len(sent) == 3 and "still fail after the rounds asked for" in text and repl.last_failure is not None
-    repl.undo.undo()
-    if fixed:
-        assert (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"  # the loop's write is undoable
+        assert (tmp_path / "calc.py").read_text() == fix

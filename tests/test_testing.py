@@ -69,12 +69,32 @@ def test_fix_rounds_are_bounded():
             testing.fix_rounds(bad)
 
 
-def test_the_fix_goes_where_the_patch_or_the_last_apply_says_and_nowhere_else(tmp_path):
+def test_the_fix_goes_where_the_patch_the_block_or_the_last_apply_says_and_nowhere_else(tmp_path):
     patch = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
     applied = [tmp_path / "calc.py"]
-    assert testing.fix_target([("text", "prose"), ("diff", patch)], applied) == (1, None)  # a patch names its file
-    assert testing.fix_target([("python", "def add(): ...\n")], applied) == (0, str(applied[0]))
+    assert testing.fix_targets([("text", "prose"), ("diff", patch)], applied) == [(1, None)]  # a patch names its file
+    assert testing.fix_targets([("python", "def add(): ...\n")], applied) == [(0, str(applied[0]))]
+    # blocks that name their file on the first line, as the request asks: several files at once
+    named = [("python", "# calc.py\ndef add(): ...\n"), ("javascript", "// src/app.js\nlet x = 1;\n"), ("text", "no name\n")]
+    assert testing.fix_targets(named, applied) == [(0, "calc.py"), (1, "src/app.js")]
+    assert "first line is a comment naming the file" in testing.fix_request("pytest", "- FAILED t")
     with pytest.raises(UserError, match="does not say which file"):
-        testing.fix_target([("python", "a = 1\n"), ("python", "b = 2\n")], applied)  # two blocks, one file: a guess
+        testing.fix_targets([("python", "a = 1\n"), ("python", "b = 2\n")], applied)  # two blocks, one file: a guess
     with pytest.raises(UserError, match="does not say which file"):
-        testing.fix_target([("python", "a = 1\n")], [])  # nothing applied yet
+        testing.fix_targets([("python", "a = 1\n")], [])  # nothing applied yet
+
+
+def test_the_fix_loop_writes_nothing_outside_the_project(tmp_path):
+    """Its paths come from the model and no diff is shown: a block or a patch
+    that names a file outside the folder (or in .git) stops the round before any write."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (tmp_path / "secret").write_text("keep\n")
+    escape = "--- a/../secret\n+++ b/../secret\n@@ -1 +1 @@\n-keep\n+owned\n"
+    for blocks in ([("diff", escape)], [("python", "# calc.py\nok = 1\n"), ("sh", f"# {tmp_path}/secret.sh\necho\n")], [("ini", "# .git/config.ini\n[x]\n")]):
+        with pytest.raises(UserError, match="outside|nothing written"):
+            testing.plan_fix(blocks, [], project)
+    assert (tmp_path / "secret").read_text() == "keep\n"
+    changes = testing.plan_fix([("python", "# calc.py\ndef add(a, b):\n    return a + b\n")], [], project)
+    assert [c.path for c in changes] == [(project / "calc.py").resolve()]

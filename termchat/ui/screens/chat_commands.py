@@ -124,17 +124,18 @@ class ChatCommands:
         block = self.block(number, "apply")
         self.run_worker(self.apply_block(block, words[0] if words else None))
 
-    async def apply_block(self, block: CodeBlock, path: str | None, confirm: bool = True) -> bool:
+    async def apply_block(self, block: CodeBlock, path: str | None) -> None:
         try:
             changes = apply.plan(block.code, block.language, path, Path.cwd())
         except UserError as exc:
-            self.error(str(exc))
-            return False
+            return self.error(str(exc))
         if block.warning:
             self.notify(block.warning, severity="warning", timeout=15)
-        if confirm and not await self.app.push_screen_wait(ApplyDiff(changes, Path.cwd())):
-            self.say("nothing written")
-            return False
+        if not await self.app.push_screen_wait(ApplyDiff(changes, Path.cwd())):
+            return self.say("nothing written")
+        self.write_changes(changes)
+
+    def write_changes(self, changes: list[apply.Change]) -> bool:
         try:
             self.say("applied: " + apply.write(changes, self.undo))
         except UserError as exc:
@@ -219,11 +220,13 @@ class ChatCommands:
     async def _apply_fix_and_test(self) -> None:
         blocks = self.chat.replies()[-1].code_blocks()
         try:
-            index, path = testing.fix_target([(b.language, b.code) for b in blocks], self.applied)
+            changes = testing.plan_fix([(b.language, b.code) for b in blocks], self.applied, Path.cwd())
         except UserError as exc:
             self.stop_fixing()
             return self.error(str(exc))
-        if await self.apply_block(blocks[index], path, confirm=False):
+        for warning in {b.warning for b in blocks if b.warning}:
+            self.notify(warning, severity="warning", timeout=15)
+        if self.write_changes(changes):
             self.run_command(self.last_failure[0], tests=True)
         else:
             self.stop_fixing()
