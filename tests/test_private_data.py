@@ -22,6 +22,8 @@ from termchat.profiles import builtin_profiles
 from termchat.repl import Repl
 from termchat.store import COMPLETE, MIGRATIONS, ReplyWriter, Store
 
+from .conftest import wait_for
+
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
@@ -219,8 +221,7 @@ async def test_the_tui_asks_before_overwriting_an_export(tmp_path):
             await pilot.pause(0.2)
             app.screen.query_one("Input").value = str(target)
             await pilot.press("enter")
-            await pilot.pause(0.2)
-            assert isinstance(app.screen, AskText) and "Overwrite" in app.screen.question
+            await wait_for(pilot, lambda: isinstance(app.screen, AskText) and "Overwrite" in app.screen.question, timeout=10, what="overwrite question")
             app.screen.query_one("Input").value = answer
             await pilot.press("enter")
             await pilot.pause(0.2)

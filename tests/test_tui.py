@@ -125,9 +125,7 @@ async def test_file_refuses_a_binary_file_with_a_message(shared_engine, tmp_path
     app = TermchatApp(start_engine=False, resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await type_and_send(pilot, f"/file {binary}")
-        await pilot.pause(0.2)
-        messages = [n.message for n in app._notifications]
-        assert any("is a binary file; only text files can be attached" in m for m in messages), messages
+        await wait_for(pilot, lambda: any("is a binary file; only text files can be attached" in n.message for n in app._notifications), timeout=10, what="the binary file refused")
         assert app.session.conversation.attachments == []
 
 
@@ -171,5 +169,4 @@ async def test_draft_tint_marks_the_text_from_accepted_drafts(shared_engine):
         # a tinted piece never includes a step's own last token
         assert all(app.chat_screen.token_text.get(s.token_ids[-1]) is not None for s in multi)
         await pilot.press("f8")
-        await pilot.pause(0.3)
-        assert not view.has_class("tinted")
+        await wait_for(pilot, lambda: not view.has_class("tinted"), timeout=10, what="tint off")

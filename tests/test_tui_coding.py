@@ -141,16 +141,14 @@ async def test_editing_an_earlier_message_branches_and_the_old_branch_can_be_ope
         assert store.conversation(branch).parent_id == conv
         assert [m.content for m in store.messages(conv)] == ["first question", "first answer", "second question", "second answer"]
         await pilot.press("f3")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, HistoryScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), timeout=10, what="history")
         rows = [str(app.screen.query_one("OptionList").get_option_at_index(i).prompt) for i in range(app.screen.query_one("OptionList").option_count)]
         parent_row = next(i for i, r in enumerate(rows) if r.endswith(" branching"))
         assert "↳ ● branching (branch)" in rows[parent_row + 1]  # the branch, under its parent, marked as on screen
         app.screen.query_one("OptionList").highlighted = parent_row
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.session.conversation_id == conv, what="old branch opened")
-        await pilot.pause(0.3)
-        assert [v.text for v in app.query(MessageView)] == ["first question", "first answer", "second question", "second answer"]
+        await wait_for(pilot, lambda: [v.text for v in app.query(MessageView)] == ["first question", "first answer", "second question", "second answer"], timeout=10, what="old branch on screen")
+        assert app.session.conversation_id == conv
 
 
 @pytest.mark.engine

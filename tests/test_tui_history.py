@@ -11,6 +11,8 @@ from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.widgets.message import MessageView
 from termchat.ui.widgets.status import StatusBar
 
+from .conftest import wait_for
+
 
 def seed(store: Store) -> tuple[int, int]:
     older = store.new_conversation("local")
@@ -27,7 +29,7 @@ async def test_the_last_conversation_is_resumed_and_others_open_from_history(tmp
     older, newer = seed(store)
     app = TermchatApp(start_engine=False, store=store)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: len(app.query(MessageView)) == 2, timeout=10, what="the resumed conversation")
         views = list(app.query(MessageView))
         assert [v.text for v in views] == ["newest question", "partial ans"]
         assert "cut" in str(views[1].query_one(".footer").render())
@@ -37,19 +39,17 @@ async def test_the_last_conversation_is_resumed_and_others_open_from_history(tmp
         assert app.query_one(StatusBar).info.context_used == 43  # its context, from the stored stats
 
         await pilot.press("f3")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, HistoryScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), timeout=10, what="history")
         await pilot.press(*"rust")
         await pilot.pause(0.2)
         await pilot.press("enter")
-        await pilot.pause(0.5)
-        assert [v.text for v in app.query(MessageView)] == ["older question about rust lifetimes", "older answer"]
+        await wait_for(pilot, lambda: [v.text for v in app.query(MessageView)] == ["older question about rust lifetimes", "older answer"], timeout=10, what="older conversation")
         assert app.session.conversation_id == older
         assert app.query_one(StatusBar).info.context_used is None  # no stats stored for it
 
         await pilot.press("ctrl+n")
-        await pilot.pause(0.2)
-        assert list(app.query(MessageView)) == [] and app.session.recorder is None
+        await wait_for(pilot, lambda: list(app.query(MessageView)) == [], timeout=10, what="new conversation")
+        assert app.session.recorder is None
 
 
 async def test_rename_delete_and_export_from_the_history_screen(tmp_path, monkeypatch):

@@ -12,6 +12,8 @@ from termchat.ui.screens.help import HelpScreen
 from termchat.ui.screens.picker import ProfilePicker
 from termchat.ui.widgets.prompt import PromptArea
 
+from .conftest import wait_for
+
 REMOTE = '[profiles.far]\nendpoint = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
 
 
@@ -23,21 +25,17 @@ async def test_keys_reach_the_app_from_the_prompt():
         expected = {"ctrl+g": "no code block to copy yet", "ctrl+s": "no code block to save yet", "ctrl+l": "no prompt to edit yet", "ctrl+r": "nothing to regenerate yet", "f8": "draft tint on", "f4": "automatic code temperature off", "f9": "no code block to apply yet", "ctrl+o": "no command output yet"}
         for key, message in expected.items():
             await pilot.press(key)
-            await pilot.pause(0.1)
-            assert any(message in n.message for n in app._notifications), (key, [n.message for n in app._notifications])
+            await wait_for(pilot, lambda: any(message in n.message for n in app._notifications), timeout=10, what=f"{key}: {message}")
         theme = app.theme
         await pilot.press("ctrl+t")
         assert app.theme != theme
         await pilot.press("f1")
-        await pilot.pause(0.1)
-        assert isinstance(app.screen, HelpScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), timeout=10, what="help")
         await pilot.press("escape", "f2")
-        await pilot.pause(0.1)
-        assert isinstance(app.screen, ProfilePicker)
+        await wait_for(pilot, lambda: isinstance(app.screen, ProfilePicker), timeout=10, what="picker")
         position = list(config.profiles).index("far") + 1  # after the built-in profiles
         await pilot.press("escape", f"alt+{position}")
-        await pilot.pause(0.3)
-        assert app.profile.name == "far"
+        await wait_for(pilot, lambda: app.profile.name == "far", timeout=10, what="profile far")
         # Shift+Enter / Ctrl+J insert a newline; Enter sends
         await pilot.press("a", "ctrl+j", "b")
         assert app.query_one(PromptArea).text == "a\nb"

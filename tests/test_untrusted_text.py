@@ -15,7 +15,7 @@ from termchat.ui.app import TermchatApp
 from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.widgets.message import MessageView
 
-from .conftest import streamed_view
+from .conftest import streamed_view, wait_for
 
 # characters that make escape sequences interesting, plus ordinary text
 ALPHABET = st.sampled_from(list("\x1b\x07\x9b\x9c\x9d\x90[]\\;0123456789mPX^_ABCabc \n\t\r\x00\x7f\x85") + sorted(BIDI) + ["\u200b", "é", "✓"])
@@ -83,8 +83,7 @@ async def test_a_title_with_markup_characters_opens_in_the_history_screen():
     app = TermchatApp(start_engine=False, resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("f3")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, HistoryScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), timeout=10, what="history")
         assert "[/] or [b]bold[/b]" in app.export_screenshot().replace("&#160;", " ")
         app.notify("a server said: [/] [bold]not markup[/bold] \x1b[2J")
         await pilot.pause(0.3)
