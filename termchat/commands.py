@@ -36,6 +36,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("/file", "PATH", "attach a text file to the next message, in a fenced block"),
     Command("/apply", "[N] PATH", "write code block N (default: the last) to PATH: a diff first, written on confirmation; a patch is applied"),
     Command("/undo", "", "restore the file the last /apply changed (kept across restarts)"),
+    Command("/cd", "[DIR]", "change the folder /run, /test, /apply and /file work in; no folder: show it"),
     Command("/run", "COMMAND", "run a shell command here; its output is shown, and sent only if you add it"),
     Command("/add", "", "add the last /run or /test output (trimmed, with the command and exit code) to your next message"),
     Command("/test", "[COMMAND]", "run the tests (the command, the profile's or project's, else pytest); on failure offer the summary"),

@@ -24,7 +24,7 @@ from pygments.formatters import Terminal256Formatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from termchat import apply, paths, testing
+from termchat import apply, paths, shell, testing
 from termchat.apply import UndoStack
 from termchat.commands import dispatch, help_text
 from termchat.engine.client import ReplyInterrupted
@@ -292,6 +292,9 @@ class Repl:
 
     async def do_undo(self, arg: str) -> None:
         self.say(self.undo.undo())
+
+    async def do_cd(self, arg: str) -> None:
+        self.say(shell.change_folder(arg))
 
     async def do_run(self, arg: str) -> None:
         if not arg:

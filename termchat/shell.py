@@ -14,11 +14,25 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from termchat.errors import UserError
 from termchat.sanitize import Sanitizer
 
 TIME_LIMIT_S = 600.0
 KEEP_CHARS = 200_000  # of output, for the screen and the summary
 FOR_MODEL_CHARS = 6_000  # what goes to the model: the end of the output, where errors are
+
+
+def change_folder(arg: str) -> str:
+    """`/cd [DIR]`: the folder /run, /test, /apply and /file work in (the process's own)."""
+    if arg:
+        folder = (Path.cwd() / arg).expanduser().resolve()
+        if not folder.is_dir():
+            raise UserError(f"no folder {folder}; /cd takes an existing folder")
+        try:
+            os.chdir(folder)
+        except OSError as exc:
+            raise UserError(f"cannot work in {folder}: {exc.strerror or exc}") from None
+    return f"working in {Path.cwd()} (/run, /test, /apply and /file start here)"
 
 
 class CommandRun:

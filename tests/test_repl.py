@@ -8,6 +8,7 @@ import pytest
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
+from termchat.commands import dispatch
 from termchat.profiles import load_config
 from termchat.repl import Repl
 from termchat.store import Store
@@ -121,3 +122,17 @@ async def test_the_repl_fix_loop_applies_tests_and_stops_when_green_or_out_of_ro
     else:
         assert len(sent) == 3 and "still fail after the rounds asked for" in text and repl.last_failure is not None
         assert (tmp_path / "calc.py").read_text() == fix
+
+
+async def test_cd_in_the_repl_moves_where_run_and_test_start(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    out: list[str] = []
+    with create_pipe_input() as pipe:
+        repl = Repl(load_config(None), "local", input=pipe, output=DummyOutput(), write=out.append, history_file=tmp_path / "history", color=False)
+        await dispatch(repl, "/cd sub")
+        await dispatch(repl, "/run pwd")
+        await dispatch(repl, "/cd ../missing")
+    text = "".join(out)
+    assert f"working in {(tmp_path / 'sub').resolve()}" in text and repl.last_run.output.strip() == str((tmp_path / "sub").resolve())
+    assert "no folder" in text

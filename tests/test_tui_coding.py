@@ -8,6 +8,7 @@ and runs on the session's real engine.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,19 @@ async def test_run_shows_output_only_in_its_block_and_escape_stops_a_long_comman
         await pilot.press("ctrl+o")
         [attached] = app.session.conversation.attachments
         assert "kept-for-the-model" in attached and "exit 0" in attached and "echo kept-for-the-model" in attached
+
+
+async def test_cd_moves_where_commands_run_and_a_missing_folder_is_one_message(project):
+    (project / "sub").mkdir()
+    app = TermchatApp(start_engine=False, resume=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await command(pilot, "/cd sub")
+        await command(pilot, "/run pwd")
+        await wait_for(pilot, lambda: app.chat_screen.last_run is not None and app.chat_screen.last_run.exit_code is not None, what="pwd")
+        assert app.chat_screen.last_run.output.strip() == str((project / "sub").resolve())
+        await command(pilot, "/cd nowhere")
+        await wait_for(pilot, lambda: "no folder" in notes(app), timeout=10, what="the refusal")
+        assert Path.cwd() == (project / "sub").resolve()  # unchanged by the refusal
 
 
 async def test_test_runs_pytest_and_its_failure_summary_names_the_failing_test(project):

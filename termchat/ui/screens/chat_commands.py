@@ -14,7 +14,7 @@ from pathlib import Path
 
 from textual import work
 
-from termchat import apply, testing
+from termchat import apply, shell, testing
 from termchat.errors import UserError
 from termchat.files import write_export
 from termchat.shell import CommandRun
@@ -148,6 +148,9 @@ class ChatCommands:
         self.say(self.undo.undo())
 
     # ---- commands and tests -------------------------------------------------------------
+
+    async def do_cd(self, arg: str) -> None:
+        self.say(shell.change_folder(arg))
 
     async def do_run(self, arg: str) -> None:
         if not arg:
