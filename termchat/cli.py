@@ -198,7 +198,7 @@ def cmd_ask(args) -> int:
             done()
 
     try:
-        outcome = asyncio.run(run())
+        outcome = engine.run(run)
     finally:
         engine.stop()
     if recorder.error:

@@ -198,7 +198,7 @@ def verify(profile: Profile, progress: Callable[[str], None] = lambda line: None
         engine = open_engine(variant, progress=progress, attach=False)
         try:
             progress(f"sampling {label}")
-            results[label] = asyncio.run(collect(engine, seeds))
+            results[label] = engine.run(lambda: collect(engine, seeds))
         finally:
             engine.stop()
     spec, base = results["with speculation"], results["without speculation"]

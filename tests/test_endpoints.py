@@ -110,3 +110,20 @@ def test_a_key_sent_in_clear_to_another_host_gets_a_warning():
     assert not problems
     assert "plain http://" in plain_http_warning(config.get("far"))
     assert plain_http_warning(config.get("near")) is None
+
+
+def test_a_call_from_outside_an_event_loop_closes_the_client_it_opened():
+    """The bench and verify make hundreds of such calls: none may leave its client (and its sockets) behind."""
+    from termchat.engine.client import Sampling, complete_sync
+
+    with StandIn("ok") as standin:
+        engine = Engine(Profile("standin"), standin.url, None, MODEL)
+        clients = []
+
+        async def work():
+            clients.append(engine.client)
+            return await engine.first_model()
+
+        assert engine.run(work) == MODEL and engine.run(work) == MODEL
+        assert complete_sync(engine, [{"role": "user", "content": "hi"}], Sampling(temperature=0.0, max_tokens=8)).text == "Hello there."
+    assert clients[0] is not clients[1] and all(c.is_closed for c in clients)

@@ -197,4 +197,4 @@ async def complete(engine: Engine, messages: list[dict], sampling: Sampling) -> 
 
 
 def complete_sync(engine: Engine, messages: list[dict], sampling: Sampling) -> ChatStream:
-    return asyncio.run(complete(engine, messages, sampling))
+    return engine.run(lambda: complete(engine, messages, sampling))

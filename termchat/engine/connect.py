@@ -43,7 +43,12 @@ def open_engine(profile: Profile, progress: Progress | None = None, attach: bool
     does not get ready is stopped."""
     started: list[ManagedEngine] = []
     try:
-        return asyncio.run(open_engine_async(profile, progress, started.append, attach, timeout))
+        async def once() -> Engine:
+            engine = await open_engine_async(profile, progress, started.append, attach, timeout)
+            await engine.close()  # its client belongs to this loop, which ends here
+            return engine
+
+        return asyncio.run(once())
     except BaseException:
         for engine in started:
             engine.stop()

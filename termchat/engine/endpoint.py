@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -21,6 +23,8 @@ import httpx
 from termchat.errors import UserError
 from termchat.profiles import Profile
 from termchat.sanitize import one_line
+
+T = TypeVar("T")
 
 
 class EngineError(UserError):
@@ -109,16 +113,21 @@ class Engine:
         except httpx.HTTPError:
             return False
 
-    def health_now(self, timeout: float = 2.0) -> bool:
-        """health() for callers without an event loop (attaching to `termchat serve`)."""
+    def run(self, work: Callable[[], Awaitable[T]]) -> T:
+        """`work()` in an event loop of its own, for callers without one (the
+        CLI, the bench, verify); the client it opened is closed with the loop."""
 
-        async def once() -> bool:
+        async def once() -> T:
             try:
-                return await self.health(timeout)
+                return await work()
             finally:
                 await self.close()
 
         return asyncio.run(once())
+
+    def health_now(self, timeout: float = 2.0) -> bool:
+        """health() for callers without an event loop (attaching to `termchat serve`)."""
+        return self.run(lambda: self.health(timeout))
 
     async def first_model(self) -> str:
         """The served model, for a remote profile that names none."""

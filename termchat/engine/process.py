@@ -152,7 +152,7 @@ class ManagedEngine(Engine):
 
     def wait_ready(self, timeout: float = 600.0, progress: Progress | None = None) -> None:
         """Block until /health answers; raise EngineError with the log tail if it dies."""
-        asyncio.run(self.wait_ready_async(timeout, progress))
+        self.run(lambda: self.wait_ready_async(timeout, progress))
 
     async def wait_ready_async(self, timeout: float = 600.0, progress: Progress | None = None) -> None:
         """Poll /health twice a second; give up at `timeout` or when the process dies."""
