@@ -20,7 +20,9 @@ from .conftest import ROOT, TERMCHAT
 pytestmark = pytest.mark.engine
 
 # greedy and long: the 135M model counts on for hundreds of tokens, so the kill
-# always lands mid-reply (a story at T=0.8 sometimes ended before it)
+# always lands mid-reply (a story at T=0.8 sometimes ended before it). Its count
+# degenerates into "1234567890..." that suffix decoding drafts at ~315 tok/s, so
+# 3,000 tokens (~10 s) leave the kill, ~2 s in, a wide margin (1,000 left ~1 s)
 STORY = "Count from 1 to 400, separated by commas."
 
 
@@ -40,7 +42,7 @@ def read_for(proc, seconds: float) -> bytes:
 
 def test_kill_9_of_ask_mid_reply_keeps_the_prompt_and_the_partial_reply(shared_engine, capsys):
     before = {c.id for c in Store().conversations()}
-    proc = subprocess.Popen([*TERMCHAT, "ask", "--temperature", "0", "--max-tokens", "1000", STORY], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
+    proc = subprocess.Popen([*TERMCHAT, "ask", "--temperature", "0", "--max-tokens", "3000", STORY], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
     screen = b""
     deadline = time.monotonic() + 120
     while len(screen) < 200 and time.monotonic() < deadline:  # the reply is under way
