@@ -206,6 +206,8 @@ def test_a_damaged_or_foreign_serve_state_file_is_ignored(content):
 
 
 async def test_the_tui_asks_before_overwriting_an_export(tmp_path):
+    from textual.widgets import Input
+
     from termchat.ui.app import TermchatApp
     from termchat.ui.screens.ask_text import AskText
 
@@ -218,7 +220,7 @@ async def test_the_tui_asks_before_overwriting_an_export(tmp_path):
     async with app.run_test(size=(120, 40)) as pilot:
         for answer in ("n", "y"):
             app.chat_screen.export(conv, "md")
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: isinstance(app.screen, AskText) and isinstance(app.focused, Input), timeout=10, what="the file name question")
             app.screen.query_one("Input").value = str(target)
             await pilot.press("enter")
             await wait_for(pilot, lambda: isinstance(app.screen, AskText) and "Overwrite" in app.screen.question, timeout=10, what="overwrite question")
@@ -227,4 +229,4 @@ async def test_the_tui_asks_before_overwriting_an_export(tmp_path):
             await pilot.pause(0.2)
             if answer == "n":
                 assert target.read_text() == "precious"
-        assert "tui export" in target.read_text()
+        await wait_for(pilot, lambda: "tui export" in target.read_text(), timeout=10, what="the overwrite")

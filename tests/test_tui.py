@@ -9,6 +9,7 @@ import pytest
 from termchat.engine.stats import ReplyStats
 from termchat.profiles import parse_config
 from termchat.ui.app import TermchatApp
+from termchat.ui.screens.picker import ProfilePicker
 from termchat.ui.widgets.message import MessageView
 from termchat.ui.widgets.prompt import PromptArea
 from termchat.ui.widgets.status import StatusBar
@@ -158,7 +159,7 @@ async def test_switching_profile_stops_the_old_engine_and_shows_the_new_name(sha
         assert replies(app)[-1].stats.acceptance_rate is None  # no speculation on this profile
         # the picker: F2, then choose `local` (the first row)
         await pilot.press("f2")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: isinstance(app.screen, ProfilePicker), timeout=10, what="picker")
         await pilot.press("home", "enter")
         await wait_for(pilot, lambda: app.profile.name == "local" and app.engine is not None and app.engine.state == "ready", what="switch")
         assert group_alive(own.pid) == []  # the old engine's processes are gone

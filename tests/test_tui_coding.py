@@ -62,8 +62,8 @@ async def test_apply_shows_a_diff_writes_only_on_yes_and_undo_restores(project):
         assert "-    return a - b" in shown and "+    return a + b" in shown
         assert (project / "calc.py").read_text() == OLD  # nothing written before the answer
         await pilot.press("n")
-        await pilot.pause(0.2)
-        assert (project / "calc.py").read_text() == OLD and "nothing written" in notes(app)
+        await wait_for(pilot, lambda: "nothing written" in notes(app), timeout=10, what="the refusal")
+        assert (project / "calc.py").read_text() == OLD
         await command(pilot, "/apply 1 calc.py")
         await wait_for(pilot, lambda: isinstance(app.screen, ApplyDiff), what="diff screen")
         await pilot.press("y")
@@ -77,9 +77,8 @@ async def test_a_patch_that_does_not_apply_is_refused_with_a_message(project):
     async with app.run_test(size=(120, 40)) as pilot:
         await reply_on_screen(app, "```diff\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a * b\n+    return a + b\n```\n")
         await command(pilot, "/apply")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: "hunk 1 of the patch (at line 1 of calc.py) does not match the file" in notes(app), timeout=10, what="the refusal")
         assert not isinstance(app.screen, ApplyDiff)
-        assert "hunk 1 of the patch (at line 1 of calc.py) does not match the file" in notes(app)
         assert (project / "calc.py").read_text() == OLD
 
 
@@ -146,9 +145,8 @@ async def test_editing_an_earlier_message_branches_and_the_old_branch_can_be_ope
     async with app.run_test(size=(120, 40)) as pilot:
         await app.chat_screen.open_conversation(conv)
         await command(pilot, "/edit 2")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: app.session.conversation_id != conv, timeout=10, what="the branch")
         branch = app.session.conversation_id
-        assert branch != conv
         assert app.query_one(PromptArea).text == "second question"
         assert [v.text for v in app.query(MessageView)] == ["first question", "first answer"]
         store = Store()
@@ -233,9 +231,13 @@ async def test_the_palette_offers_each_code_block_and_shows_its_code_as_plain_te
         await pilot.press("ctrl+p")
         await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette), what="palette")
         await pilot.press(*"apply code")
-        await pilot.pause(0.5)
         options = app.screen.query_one(OptionList)
-        shown = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+
+        def shown() -> list[str]:
+            return [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+
+        await wait_for(pilot, lambda: any("Apply code block 1 to a file" in line for line in shown()), timeout=10, what="the palette's hits")
+        shown = shown()
         assert any("Apply code block 1 to a file" in line for line in shown), shown
         assert any("print('[bold red]x[/]')" in line for line in shown), shown  # markup stays text
 

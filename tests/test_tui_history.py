@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+from textual.widgets import Input
+
 from termchat.engine.stats import ReplyStats
 from termchat.store import CUT, Store
 from termchat.ui.app import TermchatApp
+from termchat.ui.screens.ask_text import AskText
 from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.widgets.message import MessageView
 from termchat.ui.widgets.status import StatusBar
@@ -59,21 +62,19 @@ async def test_rename_delete_and_export_from_the_history_screen(tmp_path, monkey
     app = TermchatApp(start_engine=False, store=store, resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("f3")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: isinstance(app.screen, HistoryScreen), timeout=10, what="history")
         await pilot.press("ctrl+r")  # rename the highlighted (newest) conversation
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: isinstance(app.screen, AskText) and isinstance(app.focused, Input), timeout=10, what="the rename question")
         await pilot.press("ctrl+a", "ctrl+k", *"renamed", "enter")
-        await pilot.pause(0.3)
-        assert store.conversation(newer).title == "renamed"
+        await wait_for(pilot, lambda: store.conversation(newer).title == "renamed", timeout=10, what="renamed")
         await pilot.press("ctrl+d")  # asks first...
         await pilot.pause(0.2)
         assert len(store.conversations()) == 2
         await pilot.press("ctrl+d")  # ...then deletes
-        await pilot.pause(0.2)
-        assert [c.id for c in store.conversations()] == [older]
+        await wait_for(pilot, lambda: [c.id for c in store.conversations()] == [older], timeout=10, what="deleted")
         await pilot.press("ctrl+j")  # export JSON: asks for a file name
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: isinstance(app.screen, AskText) and isinstance(app.focused, Input), timeout=10, what="the file name question")
         await pilot.press("enter")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: (tmp_path / f"conversation-{older}.json").exists(), timeout=10, what="the export")
     data = json.loads((tmp_path / f"conversation-{older}.json").read_text())
     assert [m["content"] for m in data["messages"]] == ["older question about rust lifetimes", "older answer"]
