@@ -129,8 +129,18 @@ def test_doctor_verify_fails_an_engine_whose_sampler_is_broken(prepared_model, t
         'env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_PLUGINS = "none" }\n'
         'speculative = { method = "ngram", num_speculative_tokens = 5, prompt_lookup_min = 2, prompt_lookup_max = 5 }\n'
     )
-    result = subprocess.run([*TERMCHAT, "doctor", "--config", str(config), "--profile", "plugin-off", "--verify"], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "FAIL  sampled at T=0.7" in result.stdout
-    assert "PASS  greedy" in result.stdout  # what greedy-only tests could see
-    assert "Traceback" not in result.stderr
+    # The defect reads uninitialised memory, so its effect differs from one
+    # engine process to the next. In 4 runs measured on 2026-11-30, three gave
+    # 12-17% improbable tokens (t = -4.6 to -10.1, chance < 1e-24); one (a CI
+    # run) gave replies *more* probable on average (-0.55 against -0.82,
+    # t = +1.3) with 0.9% improbable tokens (chance 0.06), below what 12
+    # replies can show. So a PASS gets up to two fresh engine pairs more.
+    outputs = []
+    for _ in range(3):
+        result = subprocess.run([*TERMCHAT, "doctor", "--config", str(config), "--profile", "plugin-off", "--verify"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+        outputs.append(result.stdout + result.stderr)
+        assert "PASS  greedy" in result.stdout, outputs[-1]  # what greedy-only tests could see
+        assert "Traceback" not in result.stderr
+        if result.returncode == 1:
+            break
+    assert result.returncode == 1 and "FAIL  sampled at T=0.7" in result.stdout, "\n---\n".join(outputs)
