@@ -9,8 +9,12 @@ UserError from it becomes one message in that front-end's own words.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from termchat.errors import UserError
+from termchat.shell import change_folder
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,43 @@ def find(text: str) -> tuple[Command, str]:
     if command is None:
         raise UserError(f"unknown command {word}; /help lists them")
     return command, arg.strip()
+
+
+def code_block(blocks: list[T], number: int | None, what: str) -> T:
+    """Block `number` (1-based; None: the last) of a conversation's code blocks, or a UserError."""
+    if not blocks:
+        raise UserError(f"no code block to {what} yet")
+    if number is not None and not 1 <= number <= len(blocks):
+        raise UserError(f"there are {len(blocks)} code blocks; give a number from 1 to {len(blocks)}")
+    return blocks[(number or len(blocks)) - 1]
+
+
+def apply_arguments(arg: str) -> tuple[int | None, str | None]:
+    """`/apply [N] [PATH]`: the block number and the path, each None when not given."""
+    words = arg.split(maxsplit=1)
+    number = int(words.pop(0)) if words and words[0].isdigit() else None
+    return number, words[0] if words else None
+
+
+class SessionCommands:
+    """The commands both front-ends carry out alike: each changes the chat
+    session, the folder or the files, and says what it did. A front-end
+    provides `session` (a ChatSession), `undo` (an apply.UndoStack) and `say`."""
+
+    async def do_temp(self, arg: str) -> None:
+        self.say(self.session.set_temperature(arg))
+
+    async def do_system(self, arg: str) -> None:
+        self.say(self.session.set_system(arg))
+
+    async def do_file(self, arg: str) -> None:
+        self.say(self.session.attach(arg))
+
+    async def do_cd(self, arg: str) -> None:
+        self.say(change_folder(arg))
+
+    async def do_undo(self, arg: str) -> None:
+        self.say(self.undo.undo())
 
 
 async def dispatch(front, text: str) -> None:

@@ -24,9 +24,9 @@ from pygments.formatters import Terminal256Formatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from termchat import apply, paths, shell, testing
+from termchat import apply, paths, testing
 from termchat.apply import UndoStack
-from termchat.commands import dispatch, help_text
+from termchat.commands import SessionCommands, apply_arguments, code_block, dispatch, help_text
 from termchat.engine.client import ReplyInterrupted
 from termchat.engine.controller import EngineController
 from termchat.engine.endpoint import plain_http_warning
@@ -90,7 +90,7 @@ class ReplyPrinter:
         self.write("\n")
 
 
-class Repl:
+class Repl(SessionCommands):
     """The line front-end: the same session, engine controller and slash
     commands as the TUI, shown as lines."""
 
@@ -110,8 +110,8 @@ class Repl:
         def _(event):
             event.current_buffer.insert_text("\n")
 
-        self.session = PromptSession(history=FileHistory(str(history_file)), input=input, output=output, multiline=True, key_bindings=keys)
-        self.chat = ChatSession(config, config.get(profile), store)
+        self.prompt = PromptSession(history=FileHistory(str(history_file)), input=input, output=output, multiline=True, key_bindings=keys)
+        self.session = ChatSession(config, config.get(profile), store)
         self.engines = EngineController()
         self.undo = UndoStack()
         self.last_run: CommandRun | None = None
@@ -130,7 +130,7 @@ class Repl:
     # ---- engine ------------------------------------------------------------------------
 
     async def start_engine(self) -> bool:
-        profile = self.chat.profile
+        profile = self.session.profile
         if plain_http_warning(profile):
             self.say(f"warning: {plain_http_warning(profile)}")
         if not profile.is_remote:
@@ -152,7 +152,7 @@ class Repl:
         try:
             while not self.quitting:
                 try:
-                    text = await self.session.prompt_async(f"{self.chat.profile.name}> ", default=self.next_text)
+                    text = await self.prompt.prompt_async(f"{self.session.profile.name}> ", default=self.next_text)
                 except KeyboardInterrupt:
                     interrupts += 1
                     if interrupts >= 2:
@@ -176,14 +176,14 @@ class Repl:
         if not self.engines.ready or not self.engines.engine.alive():
             if not await self.start_engine():
                 return False
-        problem = self.chat.open_store()
+        problem = self.session.open_store()
         if problem:
             self.say(problem)
-        text, choice = self.chat.prepare(text)
-        recorder = self.chat.recorder_for_reply()
+        text, choice = self.session.prepare(text)
+        recorder = self.session.recorder_for_reply()
         self.say(f"[{choice.label()}]")
         printer = ReplyPrinter(self.write, self.color)
-        outcome = await self._interruptible(exchange(self.engines.engine, self.chat.profile, self.chat.conversation, text, choice, recorder, lambda step: printer.feed(step.text)))
+        outcome = await self._interruptible(exchange(self.engines.engine, self.session.profile, self.session.conversation, text, choice, recorder, lambda step: printer.feed(step.text)))
         printer.close()
         if isinstance(outcome, BaseException):
             if isinstance(outcome, ReplyInterrupted):
@@ -220,26 +220,17 @@ class Repl:
     # ---- the slash commands (termchat.commands) ------------------------------------------
 
     async def do_profile(self, arg: str) -> None:
-        if arg not in self.chat.config.profiles:
-            self.say(f"profiles: {', '.join(self.chat.config.profiles)}")
+        if arg not in self.session.config.profiles:
+            self.say(f"profiles: {', '.join(self.session.config.profiles)}")
             return
-        self.chat.profile = self.chat.config.profiles[arg]
+        self.session.profile = self.session.config.profiles[arg]
         await self.start_engine()
 
     async def do_restart(self, arg: str) -> None:
         await self.start_engine()
 
-    async def do_temp(self, arg: str) -> None:
-        self.say(self.chat.set_temperature(arg))
-
-    async def do_system(self, arg: str) -> None:
-        self.say(self.chat.set_system(arg))
-
-    async def do_file(self, arg: str) -> None:
-        self.say(self.chat.attach(arg))
-
     async def do_clear(self, arg: str) -> None:
-        self.chat.new_conversation()
+        self.session.new_conversation()
         self.say("new conversation")
 
     async def do_help(self, arg: str) -> None:
@@ -249,31 +240,25 @@ class Repl:
         self.quitting = True
 
     async def do_edit(self, arg: str) -> None:
-        message = self.chat.prompt_to_edit(arg)
-        old = self.chat.conversation_id
-        branch = self.chat.branch_at(message)
+        message = self.session.prompt_to_edit(arg)
+        old = self.session.conversation_id
+        branch = self.session.branch_at(message)
         self.next_text = message["content"]
         self.say(f"editing on a new branch (conversation {branch}); the old branch stays as conversation {old}" if branch else "editing; the reply after it is forgotten")
 
-    def _last_reply_blocks(self) -> list[tuple[str, str]]:
-        replies = [m["content"] for m in self.chat.conversation.messages if m["role"] == "assistant"]
+    def _code_blocks(self) -> list[tuple[str, str]]:
+        replies = [m["content"] for m in self.session.conversation.messages if m["role"] == "assistant"]
         return [block for reply in replies for block in code_blocks(reply)]
 
     async def do_apply(self, arg: str) -> None:
-        words = arg.split(maxsplit=1)
-        number = int(words.pop(0)) if words and words[0].isdigit() else None
-        blocks = self._last_reply_blocks()
-        if not blocks:
-            raise UserError("no code block to apply yet")
-        if number is not None and not 1 <= number <= len(blocks):
-            raise UserError(f"there are {len(blocks)} code blocks; give a number from 1 to {len(blocks)}")
-        language, code = blocks[(number or len(blocks)) - 1]
+        number, path = apply_arguments(arg)
+        language, code = code_block(self._code_blocks(), number, "apply")
         code, warning = clean_code(code)
         if warning:
             self.say(warning)
-        changes = apply.plan(code, language, words[0] if words else None, Path.cwd())
+        changes = apply.plan(code, language, path, Path.cwd())
         self._show(changes)
-        answer = await self.session.prompt_async("write it? (y/N) ", default="")
+        answer = await self.prompt.prompt_async("write it? (y/N) ", default="")
         if answer.strip().lower() not in ("y", "yes"):
             self.say("nothing written")
             return
@@ -289,12 +274,6 @@ class Repl:
     def _write(self, changes: list[apply.Change]) -> None:
         self.say("applied: " + apply.write(changes, self.undo))
         self.applied = [c.path for c in changes]
-
-    async def do_undo(self, arg: str) -> None:
-        self.say(self.undo.undo())
-
-    async def do_cd(self, arg: str) -> None:
-        self.say(shell.change_folder(arg))
 
     async def do_run(self, arg: str) -> None:
         if not arg:
@@ -315,11 +294,11 @@ class Repl:
     async def do_add(self, arg: str) -> None:
         if self.last_run is None:
             raise UserError("no command output yet: /run COMMAND or /test first")
-        self.chat.conversation.attachments.append(self.last_run.for_model())
+        self.session.conversation.attachments.append(self.last_run.for_model())
         self.say(f"the output of `{self.last_run.command}` goes with your next message")
 
     async def do_test(self, arg: str) -> None:
-        command = testing.resolve_test_command(arg, self.chat.profile.test_command, Path.cwd())
+        command = testing.resolve_test_command(arg, self.session.profile.test_command, Path.cwd())
         run = await self._run(command)
         if run.exit_code == 0:
             self.say("tests pass" + (" after the fix" if self.last_failure else ""))
@@ -336,7 +315,7 @@ class Repl:
         for _ in range(max(rounds, 1)):
             if not await self.send(testing.fix_request(*self.last_failure)) or not rounds:
                 return
-            blocks = [(language, clean_code(code)[0]) for language, code in code_blocks(self.chat.conversation.messages[-1]["content"])]
+            blocks = [(language, clean_code(code)[0]) for language, code in code_blocks(self.session.conversation.messages[-1]["content"])]
             changes = testing.plan_fix(blocks, self.applied, Path.cwd())
             self._show(changes)
             self._write(changes)

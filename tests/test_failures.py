@@ -108,7 +108,7 @@ async def test_repl_survives_an_engine_death_and_the_next_prompt_restarts_it(pre
         await until(lambda: "stopped answering mid-reply" in "".join(out))
         text = "".join(out)
         assert "The partial reply is kept" in text and "Last lines of" in text
-        stored = Store().messages(repl.chat.conversation_id)
+        stored = Store().messages(repl.session.conversation_id)
         assert [m.role for m in stored] == ["user", "assistant"] and stored[1].flagged == "interrupted", text
         assert stored[1].content, text
         pipe.send_text("Say hi.\r")

@@ -31,12 +31,12 @@ async def test_repl_answers_a_prompt_and_keeps_history_between_runs(shared_engin
     assert "ready" in text
     assert "[T=0.7 (text prompt)]" in text and "[T=0 (set with /temp)]" in text
     assert text.count("tok/s") == 2 and "acceptance" in text
-    stored = Store().messages(repl.chat.conversation_id)
+    stored = Store().messages(repl.session.conversation_id)
     assert [m.role for m in stored] == ["user", "assistant", "user", "assistant"]
     assert stored[1].content.strip() and stored[1].content.strip()[:20] in text
     # a second run finds the first run's prompts in its history
     text, repl = await run_repl("\x04", history)
-    assert "Name three colours." in list(repl.session.history.load_history_strings())
+    assert "Name three colours." in list(repl.prompt.history.load_history_strings())
 
 
 async def test_file_goes_with_the_next_message_only_as_a_fenced_block(shared_engine, tmp_path):
@@ -45,7 +45,7 @@ async def test_file_goes_with_the_next_message_only_as_a_fenced_block(shared_eng
     keys = f"/file {source}\rName the function in one word.\rSay yes.\r\x04"
     text, repl = await run_repl(keys, tmp_path / "history")
     assert f"attached {source}" in text
-    stored = [m for m in Store().messages(repl.chat.conversation_id) if m.role == "user"]
+    stored = [m for m in Store().messages(repl.session.conversation_id) if m.role == "user"]
     assert stored[0].content.startswith("Name the function in one word.\n\n")
     assert "```python" in stored[0].content and "def add(a, b):\n    return a + b" in stored[0].content
     assert stored[1].content == "Say yes."  # the attachment was used once
@@ -67,7 +67,7 @@ async def test_the_repl_has_the_coding_commands_of_the_table(shared_engine, tmp_
     text, repl = await run_repl(keys, tmp_path / "history")
     assert "out-of-run" in text and "exit 0" in text
     store = Store()
-    branch = repl.chat.conversation_id
+    branch = repl.session.conversation_id
     original = store.conversation(branch).parent_id  # /edit 1 forked it
     assert original is not None and "editing on a new branch" in text
     sent = [m for m in store.messages(original) if m.role == "user"]
@@ -102,8 +102,8 @@ async def test_the_repl_fix_loop_applies_tests_and_stops_when_green_or_out_of_ro
 
         async def scripted_send(text: str) -> bool:  # the model's turn, scripted
             sent.append(text)
-            repl.chat.conversation.add("user", text)
-            repl.chat.conversation.add("assistant", f"Here:\n\n```python\n{fix}```\n")
+            repl.session.conversation.add("user", text)
+            repl.session.conversation.add("assistant", f"Here:\n\n```python\n{fix}```\n")
             return True
 
         repl.send = scripted_send

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from textual import work
 
-from termchat import apply, shell, testing
+from termchat import apply, testing
+from termchat.commands import SessionCommands, apply_arguments, code_block
 from termchat.errors import UserError
 from termchat.files import write_export
 from termchat.shell import CommandRun
@@ -27,8 +28,7 @@ from termchat.ui.widgets.message import CodeBlock
 from termchat.ui.widgets.prompt import PromptArea
 
 
-
-class ChatCommands:
+class ChatCommands(SessionCommands):
     def init_commands(self) -> None:
         self.undo = apply.UndoStack()
         self.running: CommandRun | None = None
@@ -46,15 +46,6 @@ class ChatCommands:
         else:
             self.action_pick_profile()
 
-    async def do_temp(self, arg: str) -> None:
-        self.say(self.session.set_temperature(arg))
-
-    async def do_system(self, arg: str) -> None:
-        self.say(self.session.set_system(arg))
-
-    async def do_file(self, arg: str) -> None:
-        self.say(self.session.attach(arg))
-
     async def do_clear(self, arg: str) -> None:
         await self.action_new_conversation()
 
@@ -70,12 +61,7 @@ class ChatCommands:
     # ---- code blocks ----------------------------------------------------------------------
 
     def block(self, number: int | None, what: str) -> CodeBlock:
-        blocks = self.chat.code_blocks()
-        if not blocks:
-            raise UserError(f"no code block to {what} yet")
-        if number is not None and not 1 <= number <= len(blocks):
-            raise UserError(f"there are {len(blocks)} code blocks; give a number from 1 to {len(blocks)}")
-        return blocks[(number or len(blocks)) - 1]
+        return code_block(self.chat.code_blocks(), number, what)
 
     def action_copy_code(self, number: int | None = None) -> None:
         try:
@@ -119,10 +105,8 @@ class ChatCommands:
         self.app.push_screen(AskText("Apply the code block to file (a diff is shown first):", guess), lambda path: path and self.run_worker(self.apply_block(block, path)))
 
     async def do_apply(self, arg: str) -> None:
-        words = arg.split(maxsplit=1)
-        number = int(words.pop(0)) if words and words[0].isdigit() else None
-        block = self.block(number, "apply")
-        self.run_worker(self.apply_block(block, words[0] if words else None))
+        number, path = apply_arguments(arg)
+        self.run_worker(self.apply_block(self.block(number, "apply"), path))
 
     async def apply_block(self, block: CodeBlock, path: str | None) -> None:
         try:
@@ -144,13 +128,7 @@ class ChatCommands:
         self.applied = [c.path for c in changes]
         return True
 
-    async def do_undo(self, arg: str) -> None:
-        self.say(self.undo.undo())
-
     # ---- commands and tests -------------------------------------------------------------
-
-    async def do_cd(self, arg: str) -> None:
-        self.say(shell.change_folder(arg))
 
     async def do_run(self, arg: str) -> None:
         if not arg:
