@@ -51,9 +51,6 @@ class ChatSession:
 
     # ---- what the shared slash commands do ---------------------------------------------
 
-    def profile_named(self, name: str) -> Profile:
-        return self.config.get(name)
-
     def set_temperature(self, arg: str) -> str:
         self.conversation.forced_temperature = parse_temperature(arg)
         return f"the next message uses temperature {self.conversation.forced_temperature:g}"

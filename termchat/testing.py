@@ -137,7 +137,7 @@ def fix_targets(blocks: list[tuple[str, str]], applied: list[Path]) -> list[tupl
     patches = [(i, None) for i, (language, code) in enumerate(blocks) if apply.is_patch(code, language)]
     if patches:
         return patches
-    named = [(i, named_file(code)) for i, (_, code) in enumerate(blocks) if named_file(code)]
+    named = [(i, name) for i, (_, code) in enumerate(blocks) if (name := named_file(code))]
     if named:
         return named
     if len(blocks) == 1 and len(applied) == 1:
