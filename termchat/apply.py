@@ -230,24 +230,42 @@ class UndoStack:
             old.unlink(missing_ok=True)
 
     def undo(self) -> str:
-        """Restore the files of the last apply; what was done, in words."""
+        """Restore the files of the last apply; what was done, in words.
+
+        Never raises anything but a UserError: a record it cannot read is
+        dropped (the one before becomes the last); one it cannot apply (a
+        file changed since, became a folder, cannot be written) is kept, and
+        the message says which."""
         entries = self._entries()
         if not entries:
             raise UserError("nothing to undo: no /apply yet")
-        record = json.loads(entries[-1].read_text())
-        for item in record:
-            path = Path(item["path"])
-            now = path.read_text(encoding="utf-8") if path.is_file() else None
-            if now is not None and _sha(now) != item["new_sha"]:
-                raise UserError(f"{path} changed after /apply; undoing would lose those edits. Nothing was restored")
-        for item in record:
-            path = Path(item["path"])
-            if item["old"] is None:
-                path.unlink(missing_ok=True)
-            else:
-                write_atomically(path, item["old"], item["mode"])
-        entries[-1].unlink()
-        names = ", ".join(Path(i["path"]).name for i in record)
+        entry = entries[-1]
+        try:
+            items = [(Path(i["path"]), i["old"], int(i["mode"]), str(i["new_sha"])) for i in json.loads(entry.read_text())]
+            if any(old is not None and not isinstance(old, str) for _, old, _, _ in items):
+                raise TypeError("old text is not a string")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            entry.unlink(missing_ok=True)
+            raise UserError(f"the last /undo record ({entry.name}) could not be read ({type(exc).__name__}); it was dropped and nothing was restored; /undo again restores the apply before it") from None
+        for path, _, _, new_sha in items:
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                raise UserError(f"{path} is no longer a regular file; nothing was restored (the undo is kept: /undo again once {path.name} is a file)")
+            try:
+                now = path.read_bytes() if path.exists() else None
+            except OSError as exc:
+                raise UserError(f"cannot read {path} ({exc.strerror}); nothing was restored (the undo is kept)") from None
+            if now is not None and hashlib.sha256(now).hexdigest() != new_sha:
+                raise UserError(f"{path} changed after /apply; undoing would lose those edits. Nothing was restored (the undo is kept)")
+        for path, old, mode, _ in items:
+            try:
+                if old is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    write_atomically(path, old, mode)
+            except OSError as exc:
+                raise UserError(f"could not restore {path}: {exc.strerror or exc} (the undo is kept)") from None
+        entry.unlink(missing_ok=True)
+        names = ", ".join(path.name for path, *_ in items)
         return f"undone: {names} restored" + (f" ({len(entries) - 1} earlier applies can be undone)" if len(entries) > 1 else "")
 
 

@@ -48,7 +48,9 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes:
         raise UserError(f"/file: {path} is a folder; give a file") from None
     except OSError as exc:
         raise UserError(f"/file: cannot open {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
+    try:
+        # checked on the descriptor before wrapping it: os.fdopen refuses a
+        # folder with IsADirectoryError (on Linux a folder opens read-only)
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
             raise UserError(f"/file: {path} is a folder; give a file")
@@ -56,7 +58,15 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes:
             raise UserError(f"/file: {path} is not a regular file (a device, a pipe or a socket); only text files can be attached")
         if info.st_size > max_bytes:
             raise UserError(_too_big(path, info.st_size, max_bytes))
-        data = handle.read(max_bytes + 1)
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        try:
+            data = handle.read(max_bytes + 1)
+        except OSError as exc:
+            raise UserError(f"/file: cannot read {path}: {exc.strerror}") from None
     if len(data) > max_bytes:  # it grew since fstat
         raise UserError(_too_big(path, len(data), max_bytes))
     return data

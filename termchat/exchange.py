@@ -64,6 +64,41 @@ class Outcome:
     status: str
 
 
+@dataclass
+class Turn:
+    """One prompt and its reply, as the conversation and the store hold them.
+
+    Begun before anything is sent, without awaiting anything: the prompt is
+    stored and in the conversation, the reply's row written (empty). Ended
+    exactly once, however the reply ends (even before its request went out):
+    stored with its status and added to its conversation, even when empty."""
+
+    conversation: Conversation
+    recorder: Recorder
+    writer: ReplyWriter
+    prompt: str
+    choice: TemperatureChoice
+    user_id: int | None  # the stored prompt's row (None when not stored)
+    request: list[dict]  # what is sent: the conversation up to this prompt
+    ended: bool = False
+
+    @classmethod
+    def begin(cls, conversation: Conversation, recorder: Recorder, prompt: str, profile: Profile, choice: TemperatureChoice) -> Turn:
+        recorder.user(prompt, profile)
+        conversation.add("user", prompt, recorder.last_user_id)
+        return cls(conversation, recorder, recorder.writer(profile, choice), prompt, choice, recorder.last_user_id, conversation.request(profile))
+
+    def end(self, status: str, stats: ReplyStats | None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.writer.finish(status, stats)
+        self.recorder.error = self.recorder.error or self.writer.error
+        # even when empty (cut before the first token, failed): the reply is
+        # stored and on screen, and the turns must alternate for the model
+        self.conversation.add("assistant", self.writer.text, self.writer.message_id)
+
+
 async def exchange(
     engine: Engine,
     profile: Profile,
@@ -77,29 +112,32 @@ async def exchange(
 ) -> Outcome:
     """Send `prompt` (already chosen its temperature), stream, store. Raises
     CancelledError (reply cut) and ReplyInterrupted (engine gone) after storing."""
-    recorder.user(prompt, profile)
-    conversation.add("user", prompt, recorder.last_user_id)
-    writer = recorder.writer(profile, choice)
-    sampling = Sampling(temperature=choice.value, top_p=profile.top_p, max_tokens=max_tokens or profile.max_tokens, seed=seed)
-    stream = ChatStream(engine, conversation.request(profile), sampling)
+    turn = Turn.begin(conversation, recorder, prompt, profile, choice)
+    return await stream_turn(engine, profile, turn, on_step, max_tokens, seed)
+
+
+async def stream_turn(
+    engine: Engine,
+    profile: Profile,
+    turn: Turn,
+    on_step: Callable[[Step], Awaitable[None] | None],
+    max_tokens: int | None = None,
+    seed: int | None = None,
+) -> Outcome:
+    """Stream a begun turn's reply and end the turn (see `exchange`)."""
+    sampling = Sampling(temperature=turn.choice.value, top_p=profile.top_p, max_tokens=max_tokens or profile.max_tokens, seed=seed)
+    stream = ChatStream(engine, turn.request, sampling)
     try:
         async for step in stream:
-            writer.append(step.text)
+            turn.writer.append(step.text)
             result = on_step(step)
             if asyncio.iscoroutine(result):
                 await result
     except (asyncio.CancelledError, KeyboardInterrupt):
-        _end(conversation, recorder, writer, CUT, stream.live_stats(CUT) if stream.steps else None)
+        turn.end(CUT, stream.live_stats(CUT) if stream.steps else None)
         raise
     except BaseException:  # ReplyInterrupted (engine gone) and anything else
-        _end(conversation, recorder, writer, INTERRUPTED, stream.live_stats(INTERRUPTED) if stream.steps else None)
+        turn.end(INTERRUPTED, stream.live_stats(INTERRUPTED) if stream.steps else None)
         raise
-    _end(conversation, recorder, writer, COMPLETE, stream.stats)
+    turn.end(COMPLETE, stream.stats)
     return Outcome(stream.text, stream.stats, COMPLETE)
-
-
-def _end(conversation: Conversation, recorder: Recorder, writer: ReplyWriter, status: str, stats: ReplyStats | None) -> None:
-    writer.finish(status, stats)
-    recorder.error = recorder.error or writer.error
-    if writer.text:
-        conversation.add("assistant", writer.text, recorder.last_reply_id)

@@ -54,8 +54,19 @@ def private_dir(path: Path) -> Path:
     """A folder only the user can enter (0700), created if needed; tightened if it exists.
 
     Conversations, logs and state are private: other local users must not
-    read them."""
+    read them. So are the folders created on the way to it, and termchat's
+    own state and data folders that hold it (mkdir gives parents the umask's
+    mode: the state folder was 0755 with 0700 folders inside)."""
+    created = []
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        created.append(folder)
+        folder = folder.parent
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    own = [root for root in (state_dir(), data_dir()) if path == root or root in path.parents]
+    for folder in [*created, *own]:
+        if folder.stat().st_mode & 0o077:
+            folder.chmod(0o700)
     if path.stat().st_mode & 0o077:
         path.chmod(0o700)
     return path

@@ -180,10 +180,11 @@ class Repl(SessionCommands):
         if problem:
             self.say(problem)
         text, choice = self.session.prepare(text)
-        recorder = self.session.recorder_for_reply()
+        owner = self.session.begin_reply()
+        recorder = owner.recorder
         self.say(f"[{choice.label()}]")
         printer = ReplyPrinter(self.write, self.color)
-        outcome = await self._interruptible(exchange(self.engines.engine, self.session.profile, self.session.conversation, text, choice, recorder, lambda step: printer.feed(step.text)))
+        outcome = await self._interruptible(exchange(self.engines.engine, self.session.profile, owner.conversation, text, choice, recorder, lambda step: printer.feed(step.text)))
         printer.close()
         if isinstance(outcome, BaseException):
             if isinstance(outcome, ReplyInterrupted):

@@ -4,9 +4,29 @@ and where it is stored.
 The TUI and the REPL show things differently; what a command *does* (set the
 temperature, attach a file, start over, branch at an edited message, open a
 stored conversation) is decided here once, so the two cannot drift.
+
+The reply lifecycle, for every front-end:
+
+1. A reply starts with `begin_reply()`: its owner (the live conversation and
+   the recorder it is stored with) is captured then, and the reply reads and
+   writes only those, never the session's current ones again.
+2. It streams; it ends complete, cut (Escape, Ctrl+C, or an action below),
+   failed (the engine answered an error) or broken (the stream broke). Every
+   ending stores the reply with its status and adds it to its owner's
+   conversation, even when empty, so user and assistant turns alternate.
+3. An action that changes the conversation (new, open, clear, edit/branch,
+   regenerate, delete the open one, profile switch, restart, quit) first ends
+   the running reply and waits until it has ended (step 2), and only then
+   changes the conversation. The REPL gets this by construction (a reply
+   runs in the foreground: no command can be typed before it ends); the TUI
+   by `ChatScreen.settle()`, which every such action awaits first.
+
+So the conversation sent to the model is always the stored branch on screen.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from termchat.attach import fenced_file
 from termchat.conversation import Conversation, TemperatureChoice, parse_temperature
@@ -14,6 +34,14 @@ from termchat.errors import UserError
 from termchat.exchange import Recorder
 from termchat.profiles import Config, Profile
 from termchat.store import Message, Store, StoreError
+
+
+@dataclass(frozen=True)
+class ReplyOwner:
+    """The conversation and recorder a reply was started in."""
+
+    conversation: Conversation
+    recorder: Recorder
 
 
 class ChatSession:
@@ -39,10 +67,11 @@ class ChatSession:
     def conversation_id(self) -> int | None:
         return self.recorder.conversation_id if self.recorder else None
 
-    def recorder_for_reply(self) -> Recorder:
+    def begin_reply(self) -> ReplyOwner:
+        """What a reply starting now belongs to (step 1 of the lifecycle above)."""
         if self.recorder is None:
             self.recorder = Recorder.start(self.store, self.profile, self.conversation.system_prompt)
-        return self.recorder
+        return ReplyOwner(self.conversation, self.recorder)
 
     def prepare(self, text: str) -> tuple[str, TemperatureChoice]:
         """The prompt as it is sent (with attachments) and its temperature."""
@@ -75,8 +104,7 @@ class ChatSession:
         messages = self.store.messages(conversation_id)
         self.conversation = Conversation(system_prompt=record.system_prompt, auto_temperature=self.conversation.auto_temperature)
         for m in messages:
-            if m.role == "user" or m.content:
-                self.conversation.add(m.role, m.content, m.id)
+            self.conversation.add(m.role, m.content, m.id)
         self.recorder = Recorder(self.store, conversation_id)
         return messages
 
@@ -111,10 +139,9 @@ class ChatSession:
         if not prompts:
             return None
         last = prompts[-1]
-        ids = {m["id"] for m in self.conversation.cut_before(last)}
-        if self.recorder is not None and self.recorder.last_user_id in ids:
-            ids.add(self.recorder.last_reply_id)  # stored even when empty, so not in the context
-        if self.store is not None:
-            for message_id in ids - {None}:
-                self.store.delete_message(message_id)
+        at = next(i for i, m in enumerate(self.conversation.messages) if m is last)
+        ids = [m["id"] for m in self.conversation.messages[at:] if m["id"] is not None]
+        if self.store is not None and ids:
+            self.store.delete_messages(ids)  # one transaction: a StoreError changes nothing
+        self.conversation.cut_before(last)
         return last["content"]

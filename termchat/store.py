@@ -208,6 +208,22 @@ class Store:
         except sqlite3.Error as exc:
             raise _explain(exc, self.path) from None
 
+    @contextmanager
+    def _transaction(self):
+        """Several writes, all or none: a StoreError (another process held the
+        lock too long) leaves the database as it was."""
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _explain(exc, self.path) from None
+        try:
+            yield
+            self._write("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
+
     # ---- conversations ------------------------------------------------------------
 
     def new_conversation(self, profile: str, title: str = "", system_prompt: str = "") -> int:
@@ -240,12 +256,13 @@ class Store:
         `before_message_id` (the message being edited). The original is kept."""
         conv = self.conversation(conversation_id)
         now = time.time()
-        cur = self._write(
-            "INSERT INTO conversations (title, profile, created, updated, system_prompt, parent_id) VALUES (?, ?, ?, ?, ?, ?)",
-            (one_line(f"{conv.title} (branch)", 200), conv.profile, now, now, conv.system_prompt, conversation_id),
-        )
-        columns = "role, content, status, profile, model, draft, method, temperature, lowered, stats, created, updated"
-        self._write(f"INSERT INTO messages (conversation_id, {columns}) SELECT ?, {columns} FROM messages WHERE conversation_id = ? AND id < ? ORDER BY id", (cur.lastrowid, conversation_id, before_message_id))
+        with self._transaction():
+            cur = self._write(
+                "INSERT INTO conversations (title, profile, created, updated, system_prompt, parent_id) VALUES (?, ?, ?, ?, ?, ?)",
+                (one_line(f"{conv.title} (branch)", 200), conv.profile, now, now, conv.system_prompt, conversation_id),
+            )
+            columns = "role, content, status, profile, model, draft, method, temperature, lowered, stats, created, updated"
+            self._write(f"INSERT INTO messages (conversation_id, {columns}) SELECT ?, {columns} FROM messages WHERE conversation_id = ? AND id < ? ORDER BY id", (cur.lastrowid, conversation_id, before_message_id))
         return cur.lastrowid
 
     def latest(self) -> ConversationRecord | None:
@@ -291,7 +308,11 @@ class Store:
         self._write(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*params, message_id))
 
     def delete_message(self, message_id: int) -> None:
-        self._write("DELETE FROM messages WHERE id = ?", (message_id,))
+        self.delete_messages([message_id])
+
+    def delete_messages(self, message_ids: list[int]) -> None:
+        """All of them or, on a StoreError, none (one statement)."""
+        self._write(f"DELETE FROM messages WHERE id IN ({','.join('?' * len(message_ids))})", tuple(message_ids))
 
     def messages(self, conversation_id: int) -> list[Message]:
         rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()

@@ -92,9 +92,13 @@ class ChatStream:
                     raise EngineError(_http_message(response.status_code, detail, self.engine))
                 lines = response.aiter_lines()
                 while True:
+                    # measured from the request (then from the last token), not
+                    # from the last line: comments and keep-alives (": ping")
+                    # are not an answer, and must not keep a silent endpoint alive
                     wait = first_wait if not self.steps else STALL_S
+                    since = started if not self.steps else self.steps[-1].at
                     try:
-                        line = await asyncio.wait_for(anext(lines), wait)
+                        line = await asyncio.wait_for(anext(lines), max(since + wait - time.monotonic(), 0.0))
                     except StopAsyncIteration:
                         break
                     except TimeoutError:

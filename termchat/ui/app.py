@@ -8,6 +8,7 @@ conversation; the command palette's entries come from `ui/palette.py`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from textual.app import App
@@ -28,8 +29,9 @@ from termchat.ui.widgets.message import ThemedFence
 
 DEFAULT_THEME = "termchat-dark"
 UI_STATE = "ui.json"
+QUIT_WAIT_S = 5.0  # for the streaming reply to be stored on quit
 # every widget's style, beside its module (screens name their own in CSS_PATH)
-WIDGET_CSS = ["widgets/chat_view.tcss", "widgets/message.tcss", "widgets/prompt.tcss", "widgets/status.tcss", "widgets/engine_panel.tcss", "widgets/command_output.tcss"]
+WIDGET_CSS = ["app.tcss", "widgets/chat_view.tcss", "widgets/message.tcss", "widgets/prompt.tcss", "widgets/status.tcss", "widgets/engine_panel.tcss", "widgets/command_output.tcss"]
 
 
 def _read_ui_state() -> dict:
@@ -96,6 +98,23 @@ class TermchatApp(App):
 
     def on_unmount(self) -> None:
         self.engines.stop_now()
+
+    async def action_quit(self) -> None:
+        """Ctrl+Q and /quit: the streaming reply is ended and stored first, as
+        before any change of conversation (session.py); never more than a few
+        seconds of waiting."""
+        screen = self.chat_screen
+
+        async def settled() -> None:
+            async with screen.changing:
+                await screen.settle()
+
+        if screen.is_attached:
+            try:
+                await asyncio.wait_for(settled(), QUIT_WAIT_S)
+            except TimeoutError:
+                pass
+        self.exit()
 
     def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None, markup: bool = False) -> None:
         """Every notification, from any screen: its text is never markup and

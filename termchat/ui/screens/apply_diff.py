@@ -7,7 +7,7 @@ from pathlib import Path
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.highlight import highlight
-from textual.screen import ModalScreen
+from termchat.ui.screens.modal import Modal
 from textual.widgets import Label, Static
 
 from termchat.apply import Change, git_status
@@ -15,7 +15,7 @@ from termchat.sanitize import inert
 from termchat.ui.text import plain
 
 
-class ApplyDiff(ModalScreen[bool]):
+class ApplyDiff(Modal[bool]):
     CSS_PATH = "apply_diff.tcss"
     BINDINGS = [Binding("y,enter", "dismiss(True)", "Apply"), Binding("n,escape", "dismiss(False)", "Cancel")]
 

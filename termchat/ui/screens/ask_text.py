@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import ModalScreen
+from termchat.ui.screens.modal import Modal
 from textual.widgets import Input, Label
 
 from termchat.ui.text import plain
 
 
-class AskText(ModalScreen[str | None]):
+class AskText(Modal[str | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
     CSS_PATH = "ask_text.tcss"
 

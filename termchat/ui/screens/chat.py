@@ -62,7 +62,11 @@ class ChatScreen(ChatCommands, Screen):
         self.session = session
         self.start_on_mount = start_engine
         self.resume = resume
+        # a prompt sent while the engine starts: at most one, sent when it is ready
         self.pending: tuple[MessageView, str, TemperatureChoice] | None = None
+        # held by every action that changes the conversation (and by sending):
+        # they take turns, each whole, in the order the user gave them
+        self.changing = asyncio.Lock()
         self.tint = False
         self.token_text: dict[int, str] = {}
         self.init_commands()
@@ -126,7 +130,9 @@ class ChatScreen(ChatCommands, Screen):
         """Start (or, with `switch`, stop the old and start) the profile's engine."""
         profile = self.session.profile
         if switch:
-            self.workers.cancel_group(self.chat, "reply")  # the chat view runs the reply
+            async with self.changing:
+                self.stop_fixing()
+                await self.chat.end_reply()  # cut and stored before its engine goes
             self.status(engine=EngineState.STOPPING, engine_detail="")
             await self.engines.stop()  # the old process is gone before the new one starts
         self.advise(profile)
@@ -137,13 +143,17 @@ class ChatScreen(ChatCommands, Screen):
         except UserError as exc:
             self.status(engine=EngineState.FAILED, engine_detail="")
             self.panel.show(f"The engine for '{profile.name}' did not start", f"{exc}\n\nF5 retries, F2 picks another profile.", failed=True)
+            async with self.changing:  # nothing waits on an engine that failed
+                if await self.withdraw_pending():
+                    self.say("the prompt that was waiting is back in the prompt box")
             return
         self.status(engine=EngineState.READY, engine_detail="")
         self.panel.display = False
-        if self.pending is not None:
-            view, prompt, choice = self.pending
-            self.pending = None
-            self.chat.stream_reply(view, self.engines.engine, prompt, choice)
+        async with self.changing:
+            if self.pending is not None and self.engines.ready:
+                view, prompt, choice = self.pending
+                self.pending = None
+                self.chat.stream_reply(view, self.engines.engine, prompt, choice)
 
     def on_engine_progress(self, engine: ManagedEngine) -> None:
         elapsed = time.monotonic() - engine.started_at
@@ -188,13 +198,57 @@ class ChatScreen(ChatCommands, Screen):
             await self.send(text)
 
     async def send(self, text: str) -> None:
+        """Send a prompt. A reply still streaming is ended first (cut, kept and
+        stored before this prompt); while the engine starts, one prompt waits
+        and a second is refused and left in the prompt box."""
+        async with self.changing:
+            await self._send(text)
+
+    async def _send(self, text: str) -> None:  # with self.changing held
+        if self.pending is not None:
+            self.put_back(text)
+            self.error("a prompt is already waiting for the engine; this one is back in the prompt box (Escape withdraws the waiting one)")
+            return
+        if await self.chat.end_reply():
+            await self.chat.note("the reply above was cut to send your next prompt")
         text, choice = self.session.prepare(text)
         view = await self.chat.show_prompt(text, f"{self.session.profile.name} · {choice.label()}")
         if not self.engines.ready:
             self.pending = (view, text, choice)
-            await view.finish(None, "waiting for the engine; it will be sent when it is ready")
+            await view.finish(None, "waiting for the engine; it will be sent when it is ready (Escape withdraws it)")
             return
         self.chat.stream_reply(view, self.engines.engine, text, choice)
+
+    def put_back(self, text: str) -> None:
+        """Put a prompt that was not sent back in the prompt box (after what is there)."""
+        area = self.query_one(PromptArea)
+        area.text = "\n\n".join(part for part in (area.text.rstrip(), text) if part)
+        area.move_cursor(area.document.end)
+
+    async def withdraw_pending(self) -> bool:
+        """Take back the prompt waiting for the engine: off the screen, into the prompt box."""
+        if self.pending is None:
+            return False
+        view, text, _ = self.pending
+        self.pending = None
+        for widget in (view.prompt_view, view):
+            if widget is not None and widget.is_attached:
+                await widget.remove()
+        self.put_back(text)
+        return True
+
+    async def settle(self) -> None:
+        """Step 3 of the reply lifecycle (session.py), with self.changing held:
+        before an action changes the conversation, end what runs on it. A
+        streaming reply is cut (kept, stored, marked) and waited for; a prompt
+        waiting for the engine goes back to the prompt box; a running /run or
+        /test is stopped (its block keeps the output); a fix loop ends."""
+        self.stop_fixing()
+        if await self.withdraw_pending():
+            self.say("the prompt that was waiting for the engine is back in the prompt box")
+        await self.stop_command()
+        await self.chat.end_reply()
+        self.workers.cancel_group(self.chat, "tint")
 
     def on_reply_started(self, event: ReplyStarted) -> None:
         # this reply's own figures from its first step on, never the previous reply's
@@ -220,8 +274,15 @@ class ChatScreen(ChatCommands, Screen):
 
     async def open_conversation(self, conversation_id: int) -> None:
         """Show a stored conversation (or branch) and continue it."""
-        self.workers.cancel_group(self.chat, "reply")
-        messages = self.session.load(conversation_id)
+        async with self.changing:
+            await self.settle()
+            await self._open(conversation_id)
+
+    async def _open(self, conversation_id: int) -> None:  # with self.changing held, settled
+        try:
+            messages = self.session.load(conversation_id)
+        except UserError as exc:  # deleted meanwhile, or the database failed
+            return self.error(str(exc))
         last = await self.chat.show_stored(messages)
         self.status(context_used=last.context_tokens if last else None)
         record = self.session.store.conversation(conversation_id)

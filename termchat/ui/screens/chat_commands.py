@@ -23,6 +23,7 @@ from termchat.ui.screens.apply_diff import ApplyDiff
 from termchat.ui.screens.ask_text import AskText
 from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.screens.picker import ProfilePicker
+from termchat.ui.widgets.chat_view import wait_for_worker
 from termchat.ui.widgets.command_output import CommandOutput
 from termchat.ui.widgets.message import CodeBlock
 from termchat.ui.widgets.prompt import PromptArea
@@ -56,7 +57,7 @@ class ChatCommands(SessionCommands):
         self.app.action_help()
 
     async def do_quit(self, arg: str) -> None:
-        self.app.exit()
+        await self.app.action_quit()
 
     # ---- code blocks ----------------------------------------------------------------------
 
@@ -221,50 +222,71 @@ class ChatCommands(SessionCommands):
         self.session.conversation.attachments.append(self.last_run.for_model())
         self.say(f"the output of `{self.last_run.command}` goes with your next message")
 
-    def action_cancel(self) -> None:
+    async def action_cancel(self) -> None:
+        """Escape: stop the running command, else take back the prompt waiting
+        for the engine, else cut the streaming reply (and end a fix loop)."""
         if self.running is not None:
             self.running.stop()
+        elif self.pending is not None:
+            async with self.changing:
+                if await self.withdraw_pending():
+                    self.say("the waiting prompt is back in the prompt box")
         else:
             self.stop_fixing()
-            self.workers.cancel_group(self.chat, "reply")
+            await self.chat.end_reply()
+
+    async def stop_command(self) -> None:
+        """Stop the running /run or /test (its block keeps the output) and wait until it has ended."""
+        for worker in [w for w in self.app.workers if w.node is self and w.group == "command"]:
+            if not worker.is_finished:
+                worker.cancel()  # the command's process group is killed, its block finished
+                await wait_for_worker(worker)
 
     # ---- branches, regenerate, new conversation ---------------------------------------------
 
     async def do_edit(self, arg: str) -> None:
-        message = self.session.prompt_to_edit(arg)
-        number = next(i for i, m in enumerate(self.session.conversation.prompts(), start=1) if m is message)
-        self.workers.cancel_group(self.chat, "reply")
-        old = self.session.conversation_id
-        branch = self.session.branch_at(message)
-        if branch is not None:
-            await self.open_conversation(branch)
-            self.say(f"editing message {number} on a new branch; the old branch stays as conversation {old} (F3)")
-        else:
-            await self.chat.remove_from_prompt(number - 1)
-        area = self.query_one(PromptArea)
-        area.text = message["content"]
-        area.focus()
+        async with self.changing:
+            await self.settle()  # a cut reply is part of what is edited
+            message = self.session.prompt_to_edit(arg)
+            number = next(i for i, m in enumerate(self.session.conversation.prompts(), start=1) if m is message)
+            old = self.session.conversation_id
+            branch = self.session.branch_at(message)  # a StoreError changes nothing
+            if branch is not None:
+                await self._open(branch)
+                self.say(f"editing message {number} on a new branch; the old branch stays as conversation {old} (F3)")
+            else:
+                await self.chat.remove_from_prompt(number - 1)
+            self.put_back(message["content"])
+            self.query_one(PromptArea).focus()
 
     async def action_edit_last(self) -> None:
         try:
             await self.do_edit("")
-        except UserError:
-            self.say("no prompt to edit yet")
+        except UserError as exc:
+            self.error(str(exc))
 
     async def action_regenerate(self) -> None:
-        self.workers.cancel_group(self.chat, "reply")
-        prompt = self.session.drop_last_exchange()
-        if prompt is None:
-            return self.say("nothing to regenerate yet")
-        await self.chat.remove_from_prompt(-1)
-        await self.send(prompt)
+        async with self.changing:
+            await self.settle()  # a streaming reply is cut and stored first: that is what is regenerated
+            try:
+                prompt = self.session.drop_last_exchange()
+            except UserError as exc:  # the database stayed locked: nothing was changed
+                return self.error(str(exc))
+            if prompt is None:
+                return self.say("nothing to regenerate yet")
+            await self.chat.remove_from_prompt(-1)
+            await self._send(prompt)
 
     async def action_new_conversation(self) -> None:
-        self.workers.cancel_group(self.chat, "reply")
+        async with self.changing:
+            await self.settle()
+            await self._new_conversation()
+        self.say("new conversation")
+
+    async def _new_conversation(self) -> None:  # with self.changing held, settled
         self.session.new_conversation()  # a new stored conversation starts with the next prompt
         await self.chat.remove_children()
         self.status(context_used=None)
-        self.say("new conversation")
 
     def action_toggle_auto_temperature(self) -> None:
         conversation = self.session.conversation
@@ -301,7 +323,15 @@ class ChatCommands(SessionCommands):
                 else:
                     self.export(conversation_id, action.removeprefix("export-"))
 
-        self.app.push_screen(HistoryScreen(self.session.store, self.session.conversation_id), chosen)
+        async def deleting(conversation_id: int) -> None:
+            """Before the open conversation is deleted: end its reply, start a new one."""
+            async with self.changing:
+                if conversation_id == self.session.conversation_id:
+                    await self.settle()
+                    await self._new_conversation()
+                    self.say("the conversation on screen was deleted; a new one starts")
+
+        self.app.push_screen(HistoryScreen(self.session.store, self.session.conversation_id, deleting), chosen)
 
     def export(self, conversation_id: int, fmt: str) -> None:
         store = self.session.store

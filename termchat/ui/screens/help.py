@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
+from termchat.ui.screens.modal import Modal
 from textual.widgets import Markdown, Static
 
 from termchat.advisor import ACCEPTANCE_HIGH, ACCEPTANCE_LOW
@@ -14,7 +14,7 @@ from termchat.commands import help_rows
 
 
 
-class HelpScreen(ModalScreen):
+class HelpScreen(Modal):
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
     CSS_PATH = "help.tcss"
 

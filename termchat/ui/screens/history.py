@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import ModalScreen
+from termchat.ui.screens.modal import Modal
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
+from termchat.errors import UserError
 from termchat.store import ConversationRecord, Store
 from termchat.ui.text import plain
 
@@ -35,7 +37,7 @@ def in_branch_order(records: list[ConversationRecord]) -> list[tuple[Conversatio
     return ordered
 
 
-class HistoryScreen(ModalScreen[tuple[str, int] | None]):
+class HistoryScreen(Modal[tuple[str, int] | None]):
     """Dismisses with (action, conversation id): open, export-md, export-json."""
 
     BINDINGS = [
@@ -48,10 +50,11 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
     ]
     CSS_PATH = "history.tcss"
 
-    def __init__(self, store: Store, current: int | None = None):
+    def __init__(self, store: Store, current: int | None = None, deleting: Callable[[int], Awaitable[None]] | None = None):
         super().__init__()
         self.store = store
         self.current = current  # the conversation on screen, marked ●
+        self.deleting = deleting  # awaited before the conversation on screen is deleted
         self.pending_delete: int | None = None
 
     def compose(self):
@@ -108,21 +111,33 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
 
         def renamed(title: str | None) -> None:
             if title:
-                self.store.rename(selected, title)
+                try:
+                    self.store.rename(selected, title)
+                except UserError as exc:  # locked by another process, or gone
+                    return self.notify(str(exc), severity="error", timeout=10)
                 self.refresh_list(self.query_one(Input).value)
 
         self.app.push_screen(AskText("New title:", self.store.conversation(selected).title), renamed)
 
-    def action_delete(self) -> None:
+    async def action_delete(self) -> None:
         selected = self._selected()
         if selected is None:
             return
+        try:
+            title = self.store.conversation(selected).title
+        except UserError as exc:
+            return self.notify(str(exc), severity="error", timeout=10)
         if self.pending_delete != selected:
             self.pending_delete = selected
-            self.notify(f"press Ctrl+D again to delete '{self.store.conversation(selected).title}'", severity="warning")
+            self.notify(f"press Ctrl+D again to delete '{title}'", severity="warning")
             return
-        self.store.delete(selected)
         self.pending_delete = None
+        if self.deleting is not None:
+            await self.deleting(selected)  # the one on screen: its reply ends and is stored first, the screen starts anew
+        try:
+            self.store.delete(selected)
+        except UserError as exc:  # locked by another process: nothing was deleted
+            return self.notify(str(exc), severity="error", timeout=10)
         self.notify("deleted")
         self.refresh_list(self.query_one(Input).value)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import ModalScreen
+from termchat.ui.screens.modal import Modal
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
@@ -32,7 +32,7 @@ def measured(name: str) -> str:
     return f"\n      last bench: {found}" if found else ""
 
 
-class ProfilePicker(ModalScreen[str | None]):
+class ProfilePicker(Modal[str | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
     CSS_PATH = "picker.tcss"
 

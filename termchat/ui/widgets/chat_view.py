@@ -18,6 +18,7 @@ from textual import work
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Static
+from textual.worker import Worker, WorkerCancelled, WorkerError, WorkerFailed
 
 from termchat.conversation import TemperatureChoice
 from termchat.engine import stats as stats_mod
@@ -25,9 +26,11 @@ from termchat.engine.client import ReplyInterrupted
 from termchat.engine.endpoint import Engine
 from termchat.engine.stats import ReplyStats, Step
 from termchat.errors import UserError
-from termchat.exchange import exchange
+from termchat.exchange import Turn, stream_turn
+from termchat.profiles import Profile
 from termchat.sanitize import inert
 from termchat.session import ChatSession
+from termchat.store import CUT
 from termchat.store import Message as StoredMessage
 from termchat.ui.widgets.message import CodeBlock, MessageView
 
@@ -60,19 +63,36 @@ class ReplyEnded(Message):
     engine_gone: bool = False
 
 
+async def wait_for_worker(worker: Worker) -> None:
+    """Until `worker` has ended, however it ends (a failure is Textual's to
+    report); at most a few seconds for one that never starts."""
+    for _ in range(300):
+        if worker.is_finished:
+            return
+        try:
+            await worker.wait()
+            return
+        except (WorkerCancelled, WorkerFailed):
+            return
+        except WorkerError:  # not started yet
+            await asyncio.sleep(0.01)
+
+
 class ChatView(VerticalScroll):
     def __init__(self, session: ChatSession, **kwargs):
         super().__init__(**kwargs)
         self.session = session
+        self.current: tuple[MessageView, Turn] | None = None  # the last reply started, and its turn
 
     async def note(self, text: str) -> None:
         await self.mount(Static(f"— {inert(text)} —", classes="note", markup=False))
 
     async def show_prompt(self, text: str, header: str) -> MessageView:
         """The user's message and an empty reply under it; the reply's view."""
-        await self.mount(MessageView("user", "you", text))
+        prompt_view = MessageView("user", "you", text)
         view = MessageView("assistant", header)
-        await self.mount(view)
+        view.prompt_view = prompt_view
+        await self.mount_all([prompt_view, view])
         self.anchor()
         return view
 
@@ -112,14 +132,56 @@ class ChatView(VerticalScroll):
 
     # ---- the reply ------------------------------------------------------------------------
 
-    @work(group="reply", exclusive=True)
-    async def stream_reply(self, view: MessageView, engine: Engine, prompt: str, choice: TemperatureChoice) -> None:
-        await view.finish(None)
-        session, profile = self.session, self.session.profile
-        recorder = session.recorder_for_reply()
-        self.post_message(ReplyStarted(choice))
+    @property
+    def streaming(self) -> bool:
+        """Is a reply running (or about to)?"""
+        return (self.current is not None and not self.current[1].ended) or any(not w.is_finished for w in self._reply_workers())
+
+    def _reply_workers(self) -> list:
+        return [w for w in self.app.workers if w.node is self and w.group == "reply"]
+
+    async def end_reply(self) -> bool:
+        """End the running reply the defined way (cut: kept, stored and marked
+        as such, its figures in the status bar) and return once it has ended.
+        Every action that changes the conversation awaits this first, so the
+        cut reply is stored in the conversation it belongs to, before the
+        change. Whether a reply was running."""
+        ended = False
+        for worker in self._reply_workers():
+            if not worker.is_finished:
+                ended = True
+                worker.cancel()
+                await wait_for_worker(worker)
+        if self.current is not None:
+            view, turn = self.current
+            self.current = None
+            if not turn.ended:  # cancelled before its worker ran a line: end it here
+                ended = True
+                turn.end(CUT, None)
+                self._link(view, turn)
+                view.cut = True
+                await view.finish(None, "✂ cut before it began", "cut")
+                self.post_message(ReplyEnded("cut", None))
+        return ended
+
+    def stream_reply(self, view: MessageView, engine: Engine, prompt: str, choice: TemperatureChoice) -> None:
+        """Send `prompt` and stream its reply into `view`.
+
+        The turn begins here, before anything is awaited: the prompt is stored
+        and in the conversation at once, so a reply ended before its request
+        went out is still a turn (cut, empty), as the screen shows it. Its
+        owner (the conversation and recorder) is captured now and never read
+        again from the session."""
+        owner = self.session.begin_reply()
+        turn = Turn.begin(owner.conversation, owner.recorder, prompt, self.session.profile, choice)
+        self.current = (view, turn)
+        self._stream(view, engine, turn, self.session.profile)
+
+    @work(group="reply")
+    async def _stream(self, view: MessageView, engine: Engine, turn: Turn, profile: Profile) -> None:
         steps: list[Step] = []
         sent, shown = time.monotonic(), 0.0
+        choice = turn.choice
 
         def live() -> ReplyStats:
             return stats_mod.from_steps(steps, sent, profile.speculative, choice.value)
@@ -136,21 +198,26 @@ class ChatView(VerticalScroll):
             if not steps:
                 self.post_message(ReplyProgress(None, waiting=time.monotonic() - sent))
 
-        ticker = self.set_interval(1.0, waiting)
+        ticker = None
         try:
             try:
-                outcome = await exchange(engine, profile, session.conversation, prompt, choice, recorder, on_step)
+                self.post_message(ReplyStarted(choice))
+                await view.finish(None)  # clears "waiting for the engine"
+                ticker = self.set_interval(1.0, waiting)
+                outcome = await stream_turn(engine, profile, turn, on_step)
             finally:
-                ticker.stop()
+                if ticker is not None:
+                    ticker.stop()
         except asyncio.CancelledError:
-            self._link(view)
-            view.cut = True
             cut = live() if steps else None
+            turn.end(CUT, cut)  # when cut before the stream began; else already ended
+            self._link(view, turn)
+            view.cut = True
             await view.finish(cut, "✂ cut: the partial reply is kept" + (" (figures from step sizes)" if cut else ""), "cut")
             self.post_message(ReplyEnded("cut", cut))
             raise
         except ReplyInterrupted as exc:
-            self._link(view)
+            self._link(view, turn)
             cut = live() if steps else None
             gone = not await self.app.engines.alive_after()
             await view.finish(cut, "✗ the engine stopped mid-reply; the partial reply is kept" if gone else f"✗ {exc}", "failed")
@@ -158,24 +225,22 @@ class ChatView(VerticalScroll):
             self.post_message(ReplyEnded("broken", cut, str(exc), gone))
             return
         except UserError as exc:
-            self._link(view)
+            self._link(view, turn)
             await view.finish(None, f"✗ {exc}", "failed")
             self.post_message(ReplyEnded("failed", None, str(exc)))
             return
-        self._link(view)
+        self._link(view, turn)
         await view.finish(outcome.stats)
         self.post_message(ReplyEnded("complete", outcome.stats))
 
-    def _link(self, view: MessageView) -> None:
-        """Link the views to their stored messages; show a store failure once."""
-        recorder = self.session.recorder
-        views = list(self.query(MessageView))
-        view.message_id = recorder.last_reply_id
-        if len(views) >= 2 and views[-2].role == "user":
-            views[-2].message_id = recorder.last_user_id
-        if recorder.error is not None:
-            self.notify(str(recorder.error), severity="error", timeout=15)
-            recorder.error = None
+    def _link(self, view: MessageView, turn: Turn) -> None:
+        """Link the reply's views to their stored messages; show a store failure once."""
+        view.message_id = turn.writer.message_id
+        if view.prompt_view is not None:
+            view.prompt_view.message_id = turn.user_id
+        if turn.recorder.error is not None:
+            self.notify(str(turn.recorder.error), severity="error", timeout=15)
+            turn.recorder.error = None
 
     # ---- draft tint -------------------------------------------------------------------
 
@@ -187,5 +252,6 @@ class ChatView(VerticalScroll):
             wanted = {s.token_ids[-1] for v in views for s in v.steps if len(s.token_ids) > 1} - set(token_text)
             token_text.update(await engine.detokenize(wanted))
         for view in views:
-            view.show_tint(on, lambda step: token_text.get(step.token_ids[-1], ""))
+            if view.is_attached:  # a new conversation may have removed it meanwhile
+                view.show_tint(on, lambda step: token_text.get(step.token_ids[-1], ""))
         self.notify("draft tint " + ("on: highlighted text came from accepted drafts" if on else "off"))

@@ -70,6 +70,7 @@ class MessageView(Vertical):
         self.stats: ReplyStats | None = None
         self.cut = False
         self.message_id: int | None = None  # the stored message, when there is one
+        self.prompt_view: MessageView | None = None  # a reply's prompt, on screen above it
         self._header = header
         self._stream = None
         self._clean = Sanitizer()  # one per reply: live view == replay, whatever the chunks
@@ -92,12 +93,18 @@ class MessageView(Vertical):
         """Add one engine step to the reply (through the Markdown stream)."""
         self.steps.append(step)
         self.text += step.text
+        if not self.is_attached:
+            return
         if self._stream is None:
             self._stream = Markdown.get_stream(self.body)
         await self._stream.write(self._clean.feed(step.text))
 
     async def finish(self, stats: ReplyStats | None, note: str = "", note_class: str = "") -> None:
         """Close the stream and show the statistics (or why the reply ended early)."""
+        self.stats = stats
+        if not self.is_attached:  # removed from the screen: nothing to show
+            self._stream = None
+            return
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
@@ -105,7 +112,6 @@ class MessageView(Vertical):
             # blocks; the widget's lock is released when the last one is done
             async with self.body.lock:
                 pass
-        self.stats = stats
         footer = self.query_one(".footer", Static)
         parts = [inert(note)] if note else []
         if stats is not None:
