@@ -62,7 +62,8 @@ class CommandRun:
             while True:
                 left = deadline - asyncio.get_running_loop().time()
                 try:
-                    data = await asyncio.wait_for(self._process.stdout.read(4096), max(left, 0.01))
+                    async with asyncio.timeout(max(left, 0.01)):  # not wait_for: it can swallow a cancel (3.11)
+                        data = await self._process.stdout.read(4096)
                 except TimeoutError:
                     self.stop("time limit")
                     break

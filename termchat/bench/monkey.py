@@ -45,11 +45,12 @@ WORDS = "the a reply streams here while keys land now and then on it so".split()
 class SlowEndpoint:
     """A scripted stand-in for an OpenAI-compatible server (NOT vLLM).
 
-    Every chat completion streams 3 to `max_steps` steps of 1-3 tokens, `step_s`
-    apart, sometimes with a Python code block (for the code-block keys). It
-    keeps each request's messages, to check their order afterwards."""
+    Every chat completion streams `min_steps` to `max_steps` steps of 1-3 tokens, `step_s`
+    apart, sometimes with a Python code block (for the code-block keys), or
+    as `script` says. It keeps each request's messages, to check their order
+    afterwards."""
 
-    def __init__(self, seed: int = 0, step_s: float = 0.01, max_steps: int = 60):
+    def __init__(self, seed: int = 0, step_s: float = 0.01, max_steps: int = 60, min_steps: int = 3, script: list[int] | None = None):
         self.requests: list[list[dict]] = []
         self.random = random.Random(seed)
         self.lock = threading.Lock()
@@ -78,12 +79,15 @@ class SlowEndpoint:
                     return
                 with outer.lock:
                     outer.requests.append(request.get("messages", []))
-                    steps, code = outer.random.randint(3, max_steps), outer.random.random() < 0.3
+                    steps, code = outer.random.randint(min_steps, max_steps), outer.random.random() < 0.3
+                    if script:  # the steps of each request in turn (the last one repeats)
+                        steps = script[min(len(outer.requests), len(script)) - 1]
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
-                pieces = [f" {WORDS[i % len(WORDS)]}" for i in range(steps)]
+                # paragraphs of 12 steps: the Markdown stream re-parses the last block per step
+                pieces = [f" {WORDS[i % len(WORDS)]}" + ("\n\n" if i % 12 == 11 else "") for i in range(steps)]
                 if code:
                     pieces[steps // 2] += "\n\n```python\nprint('monkey')\n```\n\n"
                 try:
@@ -210,6 +214,7 @@ async def run_sequence(seed: int, actions: int = 40, verbose: bool = False) -> R
         home = Path(folder)
         (home / "work").mkdir()
         (home / "work" / "notes.txt").write_text("some notes\n")
+        old_home = os.environ.get("TERMCHAT_HOME")
         os.environ["TERMCHAT_HOME"] = str(home / "home")
         old_cwd = os.getcwd()
         os.chdir(home / "work")
@@ -248,6 +253,10 @@ async def run_sequence(seed: int, actions: int = 40, verbose: bool = False) -> R
             result.problem, result.detail = "crash", "".join(traceback.format_exception(exc))[-4000:]
         finally:
             os.chdir(old_cwd)
+            if old_home is None:
+                os.environ.pop("TERMCHAT_HOME", None)
+            else:
+                os.environ["TERMCHAT_HOME"] = old_home
         if not result.problem:
             problem = check_store(store) or check_requests(endpoint.requests) or check_processes(before)
             if problem:
@@ -302,15 +311,20 @@ async def quiet(pilot) -> None:
             break
         await pilot.press("escape")
     screen.stop_fixing()
-    while running(app):
+    # quiet for a few polls in a row: an action, the reply it starts and the
+    # screen hearing of its end are each a message apart
+    calm = 0
+    while calm < 4:
+        calm = 0 if running(app) else calm + 1
         await pilot.pause(0.05)
-    await pilot.pause(0.05)
 
 
 def running(app) -> list[str]:
     """What still runs: the reply, a waiting prompt, a command, any worker."""
     screen = app.chat_screen
     busy = [w.name or w.group for w in app.workers if not w.is_finished]
+    if screen.query_one("#status").info.live:
+        busy.append("the status bar's live figures")
     if screen.pending is not None:
         busy.append("a prompt waiting for the engine")
     if screen.running is not None:

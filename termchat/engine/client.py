@@ -98,7 +98,11 @@ class ChatStream:
                     wait = first_wait if not self.steps else STALL_S
                     since = started if not self.steps else self.steps[-1].at
                     try:
-                        line = await asyncio.wait_for(anext(lines), max(since + wait - time.monotonic(), 0.0))
+                        # asyncio.timeout, not wait_for: on Python 3.11, wait_for
+                        # swallows a cancel that lands as a line arrives, and a
+                        # fast reply then ignored Escape (found by the monkey)
+                        async with asyncio.timeout(max(since + wait - time.monotonic(), 0.0)):
+                            line = await anext(lines)
                     except StopAsyncIteration:
                         break
                     except TimeoutError:

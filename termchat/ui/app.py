@@ -111,7 +111,8 @@ class TermchatApp(App):
 
         if screen.is_attached:
             try:
-                await asyncio.wait_for(settled(), QUIT_WAIT_S)
+                async with asyncio.timeout(QUIT_WAIT_S):
+                    await settled()
             except TimeoutError:
                 pass
         self.exit()
