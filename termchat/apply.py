@@ -241,7 +241,10 @@ class UndoStack:
             raise UserError("nothing to undo: no /apply yet")
         entry = entries[-1]
         try:
-            items = [(Path(i["path"]), i["old"], int(i["mode"]), str(i["new_sha"])) for i in json.loads(entry.read_text())]
+            record = json.loads(entry.read_text())
+            if not isinstance(record, list) or not record:
+                raise TypeError("not a list of files")
+            items = [(Path(i["path"]), i["old"], int(i["mode"]), str(i["new_sha"])) for i in record]
             if any(old is not None and not isinstance(old, str) for _, old, _, _ in items):
                 raise TypeError("old text is not a string")
         except (OSError, ValueError, KeyError, TypeError) as exc:

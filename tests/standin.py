@@ -28,6 +28,7 @@ SCENARIOS = {
     "error-mid-stream": [chunk("Hel"), "data: " + json.dumps({"error": {"message": "\x1b]52;c;cm0gLXJm\x07out of memory [/]"}}) + "\n\n"],
     "no-done": [chunk("Hel"), chunk("lo")],
     "silent": None,  # accepts the request and never answers
+    "pings": [": ping\n\n"] * 250,  # SSE comments only, for 5 s: alive, but no answer
 }
 
 
