@@ -51,7 +51,8 @@ class SlowEndpoint:
     afterwards."""
 
     def __init__(self, seed: int = 0, step_s: float = 0.01, max_steps: int = 60, min_steps: int = 3, script: list[int] | None = None):
-        self.requests: list[list[dict]] = []
+        self.requests: list[list[dict]] = []  # the messages of each chat completion
+        self.other: list[str] = []  # any other POST (none expected)
         self.random = random.Random(seed)
         self.lock = threading.Lock()
         outer = self
@@ -73,9 +74,18 @@ class SlowEndpoint:
                 self._send(200, json.dumps({"data": [{"id": MODEL}]}).encode())
 
             def do_POST(self):
-                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                length = int(self.headers.get("Content-Length", 0))
+                body = self.rfile.read(length)
+                if len(body) < length:  # the client cut the request while sending it: no request
+                    self.close_connection = True
+                    return
+                request = json.loads(body or b"{}")
                 if self.path.endswith("/detokenize"):  # the draft tint (F8) asks for token texts
                     self._send(200, json.dumps({"prompt": f"<{request.get('tokens')}>"}).encode())
+                    return
+                if not self.path.endswith("/chat/completions"):
+                    outer.other.append(self.path)
+                    self._send(404, b'{"error": "not served by the stand-in"}')
                     return
                 with outer.lock:
                     outer.requests.append(request.get("messages", []))

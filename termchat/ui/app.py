@@ -24,6 +24,7 @@ from termchat.store import Store
 from termchat.ui.palette import TermchatCommands
 from termchat.ui.screens.chat import ChatScreen
 from termchat.ui.screens.help import HelpScreen
+from termchat.ui.screens.modal import Palette
 from termchat.ui.themes import highlight_theme, load_all
 from termchat.ui.widgets.message import ThemedFence
 
@@ -116,6 +117,11 @@ class TermchatApp(App):
             except TimeoutError:
                 pass
         self.exit()
+
+    def action_command_palette(self) -> None:
+        """Textual's palette, dismissed once (a second Enter popped the chat screen)."""
+        if self.use_command_palette and not Palette.is_open(self):
+            self.push_screen(Palette(id="--command-palette"))
 
     def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None, markup: bool = False) -> None:
         """Every notification, from any screen: its text is never markup and

@@ -143,9 +143,9 @@ class ChatCommands(SessionCommands):
     async def run_command(self, command: str, tests: bool) -> None:
         run = self.running = CommandRun(command)
         block = CommandOutput(run)
-        await self.chat.mount(block)
-        self.chat.anchor()
-        try:
+        try:  # from the mount on: a stop while it mounts must still clear `running`
+            await self.chat.mount(block)
+            self.chat.anchor()
             async for text in run.chunks():
                 block.write(text)
         except asyncio.CancelledError:  # a newer /run or /test took its place: this one was stopped

@@ -1,9 +1,9 @@
-"""The base of termchat's modal screens: dismissed once, and only from the top.
+"""termchat's modal screens (and command palette): dismissed once, and only from the top.
 
 Textual's `dismiss` pops whatever screen is on top: a second Enter landing
-while a picker closes (found by the keyboard monkey), or a dismissal of a
-screen that has another one over it, popped the wrong screen, down to
-"ScreenStackError: Can't pop screen" and the app's end.
+while a picker or the command palette closes (found by the keyboard monkey),
+or the dismissal of a screen that has another one over it, popped the wrong
+screen, down to "ScreenStackError: Can't pop screen" and the app's end.
 """
 
 from __future__ import annotations
@@ -11,16 +11,25 @@ from __future__ import annotations
 from typing import TypeVar
 
 from textual.await_complete import AwaitComplete
+from textual.command import CommandPalette
 from textual.screen import ModalScreen
 
 T = TypeVar("T")
 
 
-class Modal(ModalScreen[T]):
+class DismissOnce:
     _dismissed = False
 
-    def dismiss(self, result: T | None = None) -> AwaitComplete:
+    def dismiss(self, result=None) -> AwaitComplete:
         if self._dismissed or self.app.screen is not self:
             return AwaitComplete.nothing()
         self._dismissed = True
         return super().dismiss(result)
+
+
+class Modal(DismissOnce, ModalScreen[T]):
+    pass
+
+
+class Palette(DismissOnce, CommandPalette):
+    pass
