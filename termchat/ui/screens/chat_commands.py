@@ -239,7 +239,8 @@ class ChatCommands(SessionCommands):
         """Stop the running /run or /test (its block keeps the output) and wait until it has ended."""
         for worker in [w for w in self.app.workers if w.node is self and w.group == "command"]:
             if not worker.is_finished:
-                worker.cancel()  # the command's process group is killed, its block finished
+                if not worker.is_cancelled:
+                    worker.cancel()  # the command's process group is killed, its block finished
                 await wait_for_worker(worker)
 
     # ---- branches, regenerate, new conversation ---------------------------------------------

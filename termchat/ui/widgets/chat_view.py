@@ -150,7 +150,8 @@ class ChatView(VerticalScroll):
         for worker in self._reply_workers():
             if not worker.is_finished:
                 ended = True
-                worker.cancel()
+                if not worker.is_cancelled:  # once: a second cancel would cut its own ending short
+                    worker.cancel()
                 await wait_for_worker(worker)
         if self.current is not None:
             view, turn = self.current
@@ -213,8 +214,9 @@ class ChatView(VerticalScroll):
             turn.end(CUT, cut)  # when cut before the stream began; else already ended
             self._link(view, turn)
             view.cut = True
+            view.stats = cut
+            self.post_message(ReplyEnded("cut", cut))  # before any await: the status bar must hear of it
             await view.finish(cut, "✂ cut: the partial reply is kept" + (" (figures from step sizes)" if cut else ""), "cut")
-            self.post_message(ReplyEnded("cut", cut))
             raise
         except ReplyInterrupted as exc:
             self._link(view, turn)

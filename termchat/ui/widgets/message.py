@@ -124,10 +124,11 @@ class MessageView(Vertical):
     def code_blocks(self) -> list[CodeBlock]:
         """Every fenced block of this reply, as the screen shows it (the fences
         hold the sanitized code and its language)."""
-        if self.role != "assistant":
+        body = self.query(ChatMarkdown)
+        if self.role != "assistant" or not body:  # not composed yet (mounted a moment ago), or removed
             return []
         warning = clean_code(self.text)[1]
-        return [CodeBlock(fence.lexer or "", fence.code if fence.code.endswith("\n") else fence.code + "\n", warning) for fence in self.body.query(MarkdownFence)]
+        return [CodeBlock(fence.lexer or "", fence.code if fence.code.endswith("\n") else fence.code + "\n", warning) for fence in body.first().query(MarkdownFence)]
 
     def show_tint(self, on: bool, last_token_text) -> None:  # assistant messages only
         """Tint the text that came from accepted drafts.
