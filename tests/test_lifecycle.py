@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 
 import pytest
 
@@ -41,30 +40,12 @@ async def chat(tmp_path, script=(ENDLESS,), step_s=0.01, start_s: float | None =
         store = Store(tmp_path / "history.db")
         app = TermchatApp(config=config_for(endpoint.url), profile="a", resume=False, store=store)
         app.endpoint = endpoint
-        slow = monkey.slow_engine_start(random.Random(0)) if start_s is None else delayed_start(start_s)
-        with slow:
+        with monkey.slow_engine_start(lambda: start_s or 0):
             async with app.run_test(size=(120, 40)) as pilot:
                 if start_s is None:
                     await wait_for(pilot, lambda: app.engines.ready, timeout=10, what="engine")
                 yield pilot
         store.close()
-
-
-@contextlib.contextmanager
-def delayed_start(seconds: float):
-    from termchat.engine import controller
-
-    real = controller.open_engine_async
-
-    async def slow(profile, *args, **kwargs):
-        await asyncio.sleep(seconds)
-        return await real(profile, *args, **kwargs)
-
-    controller.open_engine_async = slow
-    try:
-        yield
-    finally:
-        controller.open_engine_async = real
 
 
 async def streaming(pilot, text: str = "tell me a long story") -> MessageView:

@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -195,14 +196,14 @@ def config_for(url: str):
 
 
 @contextlib.contextmanager
-def slow_engine_start(rng: random.Random):
-    """Engines take 0-1 s to be ready, as a real one takes 30 s: prompts land while it starts."""
+def slow_engine_start(delay: Callable[[], float]):
+    """Engines take `delay()` s to be ready, as a real one takes 30 s: prompts land while it starts."""
     from termchat.engine import controller
 
     real = controller.open_engine_async
 
     async def slow(profile, *args, **kwargs):
-        await asyncio.sleep(rng.choice([0, 0.05, 0.2, 0.5]))
+        await asyncio.sleep(delay())
         return await real(profile, *args, **kwargs)
 
     controller.open_engine_async = slow
@@ -232,7 +233,8 @@ async def run_sequence(seed: int, actions: int = 40, verbose: bool = False) -> R
         app = TermchatApp(config=config_for(endpoint.url), profile="a", resume=False, store=store)
         done = 0
         try:
-            with slow_engine_start(random.Random(seed)):
+            starts = random.Random(seed)
+            with slow_engine_start(lambda: starts.choice([0, 0.05, 0.2, 0.5])):
                 async with app.run_test(size=(80, 24)) as pilot:
                     for kind, what, pause in steps:
                         if not app.is_running:
