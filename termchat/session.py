@@ -112,7 +112,7 @@ class ChatSession:
         """The user turn `/edit [N]` names (1-based; default the last)."""
         prompts = self.conversation.prompts()
         if not prompts:
-            raise UserError("no message to edit yet")
+            raise UserError("no prompt to edit yet")
         try:
             number = int(arg) if arg else len(prompts)
         except ValueError:

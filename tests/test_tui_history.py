@@ -35,7 +35,8 @@ async def test_the_last_conversation_is_resumed_and_others_open_from_history(tmp
         await wait_for(pilot, lambda: len(app.query(MessageView)) == 2, timeout=10, what="the resumed conversation")
         views = list(app.query(MessageView))
         assert [v.text for v in views] == ["newest question", "partial ans"]
-        assert "cut" in str(views[1].query_one(".footer").render())
+        # the views are mounted a moment before their footers are filled
+        await wait_for(pilot, lambda: "cut" in str(views[1].query_one(".footer").render()), timeout=10, what="the cut mark")
         last = app.session.conversation.messages[-1]
         assert (last["role"], last["content"]) == ("assistant", "partial ans")
         assert app.session.conversation_id == newer  # the next prompt continues it

@@ -81,11 +81,17 @@ class StatusBar(Horizontal):
         yield Static(id="status-text", markup=False)
         yield Sparkline([], summary_function=max, id="speed-history")
 
+    def on_mount(self) -> None:
+        self.refresh_info()
+
     def refresh_info(self, **changes) -> None:
         for key, value in changes.items():
             setattr(self.info, key, value)
-        self.query_one("#status-text", Static).update(render(self.info))
-        self.query_one(Sparkline).data = list(self.info.history[-12:])
+        # not composed yet, or taken down as the app exits: the info is kept, shown on mount
+        for text in self.query("#status-text").results(Static):
+            text.update(render(self.info))
+        for sparkline in self.query(Sparkline):
+            sparkline.data = list(self.info.history[-12:])
 
     @property
     def text(self) -> str:
