@@ -27,7 +27,6 @@ class Recorder:
     conversation_id: int | None
     error: StoreError | None = None  # the first write failure, for the caller to show
     last_user_id: int | None = None
-    last_reply_id: int | None = None
 
     @classmethod
     def start(cls, store: Store | None, profile: Profile, system_prompt: str = "") -> Recorder:
@@ -42,7 +41,7 @@ class Recorder:
             return cls(None, None, error=exc)
 
     def user(self, text: str, profile: Profile) -> None:
-        self.last_user_id = self.last_reply_id = None
+        self.last_user_id = None
         if self.store is None or self.conversation_id is None:
             return
         try:
@@ -52,9 +51,7 @@ class Recorder:
 
     def writer(self, profile: Profile, choice: TemperatureChoice) -> ReplyWriter:
         store = self.store if self.error is None else None
-        writer = ReplyWriter(store, self.conversation_id, profile=profile.name, model=profile.model, draft=profile.speculative.model if profile.speculative else None, method=profile.method, temperature=choice.value, lowered=choice.lowered)
-        self.last_reply_id = writer.message_id
-        return writer
+        return ReplyWriter(store, self.conversation_id, profile=profile.name, model=profile.model, draft=profile.speculative.model if profile.speculative else None, method=profile.method, temperature=choice.value, lowered=choice.lowered)
 
 
 @dataclass
@@ -76,7 +73,6 @@ class Turn:
     conversation: Conversation
     recorder: Recorder
     writer: ReplyWriter
-    prompt: str
     choice: TemperatureChoice
     user_id: int | None  # the stored prompt's row (None when not stored)
     request: list[dict]  # what is sent: the conversation up to this prompt
@@ -86,7 +82,7 @@ class Turn:
     def begin(cls, conversation: Conversation, recorder: Recorder, prompt: str, profile: Profile, choice: TemperatureChoice) -> Turn:
         recorder.user(prompt, profile)
         conversation.add("user", prompt, recorder.last_user_id)
-        return cls(conversation, recorder, recorder.writer(profile, choice), prompt, choice, recorder.last_user_id, conversation.request(profile))
+        return cls(conversation, recorder, recorder.writer(profile, choice), choice, recorder.last_user_id, conversation.request(profile))
 
     def end(self, status: str, stats: ReplyStats | None) -> None:
         if self.ended:
