@@ -219,6 +219,35 @@ async def test_switching_profile_mid_reply_leaves_the_status_bar_settled(tmp_pat
         assert invariants(app) == ""
 
 
+
+async def test_late_news_of_an_ended_reply_does_not_bring_the_live_bar_back(tmp_path):
+    # the monkey's last hangs (seeds 5056, 5203 under load): the bar left "streaming"
+    # and live with nothing running. Reply messages come through two message loops;
+    # one about a turn that has ended must change nothing.
+    from termchat.ui.widgets.chat_view import ReplyProgress, ReplyStarted
+
+    async with chat(tmp_path) as pilot:
+        app = pilot.app
+        view = await streaming(pilot)
+        turn = app.chat_screen.chat.current[1]
+        await act(pilot, "key", "escape")
+        await settled(pilot)
+        assert turn.ended and view.cut
+        stale = view.stats
+        app.chat_screen.chat.post_message(ReplyStarted(turn))
+        app.chat_screen.chat.post_message(ReplyProgress(turn, stale))
+        app.chat_screen.chat.post_message(ReplyProgress(turn, None, waiting=3.0))
+        await pilot.pause(0.2)
+        info = app.chat_screen.query_one(StatusBar).info
+        assert not info.live and info.engine == "ready"
+        # and a newer reply's live bar outlasts the older reply's end
+        await streaming(pilot, "another one")
+        newer = app.chat_screen.chat.current[1]
+        from termchat.ui.widgets.chat_view import ReplyEnded
+
+        app.chat_screen.chat.post_message(ReplyEnded(turn, "cut", None))
+        await pilot.pause(0.2)
+        assert not newer.ended and app.chat_screen.query_one(StatusBar).info.live
 async def test_quitting_while_a_reply_streams_stores_it_as_cut(tmp_path):
     async with chat(tmp_path) as pilot:
         app = pilot.app

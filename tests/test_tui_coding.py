@@ -199,7 +199,7 @@ async def test_the_fix_loop_applies_the_reply_where_the_last_apply_wrote_and_tes
         await wait_for(pilot, lambda: screen.last_failure is not None, timeout=60, what="failing tests")
         screen.fixing, screen.fix_rounds_left = True, 1  # as /fix 2 leaves it after sending its first request
         await reply_on_screen(app, "The sign was wrong:\n\n```python\ndef add(a, b):\n    return a + b\n```\n")
-        screen.post_message(ReplyEnded("complete", None))
+        screen.post_message(ReplyEnded(None, "complete", None))
         await wait_for(pilot, lambda: screen.last_failure is None, timeout=60, what="tests pass")
         assert (project / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
         assert "tests pass after the fix" in notes(app) and not screen.fixing

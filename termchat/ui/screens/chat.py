@@ -25,6 +25,7 @@ from termchat.engine.endpoint import EngineState
 from termchat.engine.process import ManagedEngine
 from termchat.engine.stats import ReplyStats
 from termchat.errors import UserError
+from termchat.exchange import Turn
 from termchat.profiles import Profile
 from termchat.session import ChatSession
 from termchat.ui.screens.chat_commands import ChatCommands
@@ -67,6 +68,7 @@ class ChatScreen(ChatCommands, Screen):
         # held by every action that changes the conversation (and by sending):
         # they take turns, each whole, in the order the user gave them
         self.changing = asyncio.Lock()
+        self.live_turn: Turn | None = None  # the reply whose live figures the status bar shows
         self.tint = False
         self.token_text: dict[int, str] = {}
         self.init_commands()
@@ -251,23 +253,32 @@ class ChatScreen(ChatCommands, Screen):
         self.workers.cancel_group(self.chat, "tint")
 
     def on_reply_started(self, event: ReplyStarted) -> None:
+        if event.turn.ended:  # late news: its ReplyEnded follows
+            return
+        self.live_turn = event.turn
         # this reply's own figures from its first step on, never the previous reply's
-        self.status(engine=EngineState.WAITING, engine_detail="", live=True, reply=ReplyStats(temperature=event.choice.value), lowered=event.choice.lowered)
+        choice = event.turn.choice
+        self.status(engine=EngineState.WAITING, engine_detail="", live=True, reply=ReplyStats(temperature=choice.value), lowered=choice.lowered)
 
     def on_reply_progress(self, event: ReplyProgress) -> None:
+        if event.turn is not self.live_turn or event.turn.ended:  # late news of a reply that ended
+            return
         if event.stats is None:
             self.status(engine=EngineState.WAITING, engine_detail=f"{event.waiting:.0f}s for the first token")
         else:
             self.status(engine=EngineState.STREAMING, engine_detail="", reply=event.stats)
 
     def on_reply_ended(self, event: ReplyEnded) -> None:
-        info = self.query_one(StatusBar).info
-        changes = {"engine": EngineState.READY if self.engines.engine else info.engine, "engine_detail": "", "live": False}
-        if event.stats is not None:
-            changes.update(reply=event.stats, context_used=event.stats.context_tokens)
-            if event.stats.decode_tokens_per_s:
-                changes["history"] = info.history + [event.stats.decode_tokens_per_s]
-        self.status(**changes)
+        newer = self.live_turn is not None and event.turn is not self.live_turn and not self.live_turn.ended
+        if not newer:  # a newer reply's live figures stay
+            self.live_turn = None
+            info = self.query_one(StatusBar).info
+            changes = {"engine": EngineState.READY if self.engines.engine else info.engine, "engine_detail": "", "live": False}
+            if event.stats is not None:
+                changes.update(reply=event.stats, context_used=event.stats.context_tokens)
+                if event.stats.decode_tokens_per_s:
+                    changes["history"] = info.history + [event.stats.decode_tokens_per_s]
+            self.status(**changes)
         if event.how == "broken":
             self.engine_failed(event.error, event.engine_gone)
         self.reply_ended(event)

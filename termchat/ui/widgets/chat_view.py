@@ -39,7 +39,11 @@ LIVE_EVERY_S = 0.25  # how often the live figures are posted while a reply strea
 
 @dataclass
 class ReplyStarted(Message):
-    choice: TemperatureChoice
+    """Every reply message names its turn: the screen shows the live figures of
+    the turn that started last and ignores news of a turn that has already
+    ended (messages from two message loops may arrive late, never wrong)."""
+
+    turn: Turn
 
 
 @dataclass
@@ -47,6 +51,7 @@ class ReplyProgress(Message):
     """Live figures from step sizes (marked ~ in the status bar); `waiting` is set
     while no token has come yet."""
 
+    turn: Turn
     stats: ReplyStats | None
     waiting: float | None = None
 
@@ -57,6 +62,7 @@ class ReplyEnded(Message):
     answered with an error), "broken" (the stream broke; `engine_gone` says
     whether the engine died)."""
 
+    turn: Turn | None  # None: not a reply of this view (a test's stand-in end)
     how: str
     stats: ReplyStats | None
     error: str = ""
@@ -162,7 +168,7 @@ class ChatView(VerticalScroll):
                 self._link(view, turn)
                 view.cut = True
                 await view.finish(None, "✂ cut before it began", "cut")
-                self.post_message(ReplyEnded("cut", None))
+                self.post_message(ReplyEnded(turn, "cut", None))
         return ended
 
     def stream_reply(self, view: MessageView, engine: Engine, prompt: str, choice: TemperatureChoice) -> None:
@@ -193,16 +199,16 @@ class ChatView(VerticalScroll):
             steps.append(step)
             if len(steps) == 1 or step.at - shown > LIVE_EVERY_S:
                 shown = step.at
-                self.post_message(ReplyProgress(live()))
+                self.post_message(ReplyProgress(turn, live()))
 
         def waiting() -> None:  # a silent endpoint is visible, second by second
             if not steps:
-                self.post_message(ReplyProgress(None, waiting=time.monotonic() - sent))
+                self.post_message(ReplyProgress(turn, None, waiting=time.monotonic() - sent))
 
         ticker = None
         try:
             try:
-                self.post_message(ReplyStarted(choice))
+                self.post_message(ReplyStarted(turn))
                 await view.finish(None)  # clears "waiting for the engine"
                 ticker = self.set_interval(1.0, waiting)
                 outcome = await stream_turn(engine, profile, turn, on_step)
@@ -215,7 +221,7 @@ class ChatView(VerticalScroll):
             self._link(view, turn)
             view.cut = True
             view.stats = cut
-            self.post_message(ReplyEnded("cut", cut))  # before any await: the status bar must hear of it
+            self.post_message(ReplyEnded(turn, "cut", cut))  # before any await: the status bar must hear of it
             await view.finish(cut, "✂ cut: the partial reply is kept" + (" (figures from step sizes)" if cut else ""), "cut")
             raise
         except ReplyInterrupted as exc:
@@ -224,16 +230,16 @@ class ChatView(VerticalScroll):
             gone = not await self.app.engines.alive_after()
             await view.finish(cut, "✗ the engine stopped mid-reply; the partial reply is kept" if gone else f"✗ {exc}", "failed")
             view.cut = True
-            self.post_message(ReplyEnded("broken", cut, str(exc), gone))
+            self.post_message(ReplyEnded(turn, "broken", cut, str(exc), gone))
             return
         except UserError as exc:
             self._link(view, turn)
             await view.finish(None, f"✗ {exc}", "failed")
-            self.post_message(ReplyEnded("failed", None, str(exc)))
+            self.post_message(ReplyEnded(turn, "failed", None, str(exc)))
             return
         self._link(view, turn)
         await view.finish(outcome.stats)
-        self.post_message(ReplyEnded("complete", outcome.stats))
+        self.post_message(ReplyEnded(turn, "complete", outcome.stats))
 
     def _link(self, view: MessageView, turn: Turn) -> None:
         """Link the reply's views to their stored messages; show a store failure once."""
