@@ -321,7 +321,7 @@ async def quiet(pilot) -> None:
     # quiet for a few polls in a row: an action, the reply it starts and the
     # screen hearing of its end are each a message apart
     calm = 0
-    while calm < 4:
+    while calm < 4 and app.return_code is None:  # not once the app is quitting (Ctrl+Q)
         if app.screen is not screen:  # a screen opened by a late worker (a diff to confirm...)
             await pilot.press("escape")
         screen.stop_fixing()

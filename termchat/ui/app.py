@@ -13,6 +13,9 @@ import json
 
 from textual.app import App
 from textual.binding import Binding
+from textual.command import SimpleProvider
+from textual.theme import ThemeProvider
+from textual.worker import NoActiveWorker, get_current_worker
 
 from termchat import paths
 from termchat.engine.controller import EngineController
@@ -26,6 +29,7 @@ from termchat.ui.screens.chat import ChatScreen
 from termchat.ui.screens.help import HelpScreen
 from termchat.ui.screens.modal import Palette
 from termchat.ui.themes import highlight_theme, load_all
+from termchat.ui.widgets.chat_view import wait_for_worker
 from termchat.ui.widgets.message import ThemedFence
 
 DEFAULT_THEME = "termchat-dark"
@@ -62,6 +66,7 @@ class TermchatApp(App):
         super().__init__()
         self.config = config or Config(builtin_profiles())
         self.config_error = config_error
+        self.quitting = False  # Ctrl+Q or /quit has begun: no new work starts
         self.requested_profile = profile
         known = profile in self.config.profiles or profile is None
         self.session = ChatSession(self.config, self.config.get(profile if known else None), store)
@@ -105,6 +110,7 @@ class TermchatApp(App):
         before any change of conversation (session.py); never more than a few
         seconds of waiting."""
         screen = self.chat_screen
+        self.quitting = True  # from now on the chat screen starts no work (ChatScreen.run_worker)
 
         async def settled() -> None:
             async with screen.changing:
@@ -116,12 +122,35 @@ class TermchatApp(App):
                     await settled()
             except TimeoutError:
                 pass
+        # what still runs (a switch, an engine start, advice) ends before the screens
+        # are taken down, not after, where its next query fails (the monkey, seed 10680)
+        try:
+            me = get_current_worker()  # /quit from a worker must not wait for itself
+        except NoActiveWorker:
+            me = None
+        others = [worker for worker in self.workers if not worker.is_finished and worker is not me]
+        for worker in others:
+            worker.cancel()
+        try:
+            async with asyncio.timeout(1.0):
+                for worker in others:
+                    await wait_for_worker(worker)
+        except TimeoutError:
+            pass
         self.exit()
 
     def action_command_palette(self) -> None:
         """Textual's palette, dismissed once (a second Enter popped the chat screen)."""
         if self.use_command_palette and not Palette.is_open(self):
             self.push_screen(Palette(id="--command-palette"))
+
+    # the palettes Textual's own commands open ("Theme" opens search_themes) are dismissed once too:
+    # a second Enter on them popped the chat screen (the monkey, seed 10791)
+    def search_commands(self, commands, placeholder: str = "Search for commands…"):
+        return self.push_screen(Palette(providers=[SimpleProvider(self.screen, commands)], placeholder=placeholder))
+
+    def search_themes(self) -> None:
+        self.push_screen(Palette(providers=[ThemeProvider], placeholder="Search for themes…"))
 
     def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None, markup: bool = False) -> None:
         """Every notification, from any screen: its text is never markup and

@@ -11,6 +11,7 @@ actions are in `ChatCommands` (chat_commands.py).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 
 from textual import work
@@ -73,6 +74,15 @@ class ChatScreen(ChatCommands, Screen):
         self.token_text: dict[int, str] = {}
         self.init_commands()
 
+    def run_worker(self, work, *args, **kwargs):
+        """No new work once the app quits: it would run while the screens are
+        taken down (a profile picked as Ctrl+Q lands: the monkey, seed 10680)."""
+        if getattr(self.app, "quitting", False):
+            if inspect.iscoroutine(work):
+                work.close()
+            return None
+        return super().run_worker(work, *args, **kwargs)
+
     @property
     def engines(self):
         return self.app.engines
@@ -119,7 +129,8 @@ class ChatScreen(ChatCommands, Screen):
     # ---- status -----------------------------------------------------------------------
 
     def status(self, **changes) -> None:
-        self.query_one(StatusBar).refresh_info(**changes)
+        for bar in self.query(StatusBar):  # none while the app exits (a switch ending then: seed 10680)
+            bar.refresh_info(**changes)
 
     def show_profile(self) -> None:
         profile = self.session.profile
@@ -270,9 +281,10 @@ class ChatScreen(ChatCommands, Screen):
 
     def on_reply_ended(self, event: ReplyEnded) -> None:
         newer = self.live_turn is not None and event.turn is not self.live_turn and not self.live_turn.ended
-        if not newer:  # a newer reply's live figures stay
+        bars = list(self.query(StatusBar))  # none while the app exits
+        if not newer and bars:  # a newer reply's live figures stay
             self.live_turn = None
-            info = self.query_one(StatusBar).info
+            info = bars[0].info
             changes = {"engine": EngineState.READY if self.engines.engine else info.engine, "engine_detail": "", "live": False}
             if event.stats is not None:
                 changes.update(reply=event.stats, context_used=event.stats.context_tokens)
