@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from termchat import paths
+from termchat import paths, project
 from termchat.errors import UserError
 from termchat.files import write_atomically
 
@@ -65,12 +65,28 @@ def _read(path: Path) -> tuple[str | None, int]:
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise UserError(f"{path} is {size // 1024} KiB; /apply changes files up to {MAX_FILE_BYTES // 1024 // 1024} MiB")
-    try:
-        return path.read_text(encoding="utf-8"), path.stat().st_mode & 0o7777
+    try:  # bytes decoded as they are: no newline translation, so CRLF and CR survive
+        return path.read_bytes().decode("utf-8"), path.stat().st_mode & 0o7777
     except UnicodeDecodeError:
         raise UserError(f"{path} is not UTF-8 text; /apply changes text files only") from None
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def newline_of(text: str | None) -> str:
+    """The file's line ending: the most frequent of CRLF, lone CR and LF (LF for a new file)."""
+    if not text:
+        return "\n"
+    crlf = text.count("\r\n")
+    counts = {"\r\n": crlf, "\r": text.count("\r") - crlf, "\n": text.count("\n") - crlf}
+    return max(counts, key=lambda ending: (counts[ending], ending == "\n"))
+
+
+def with_newline(code: str, newline: str) -> str:
+    """`code` (from a reply: LF) with the file's line endings."""
+    if newline == "\n":
+        return code
+    return code.replace("\r\n", "\n").replace("\r", "\n").replace("\n", newline)
 
 
 # ---- patches ------------------------------------------------------------------------------
@@ -114,39 +130,56 @@ def _header_path(text: str) -> str | None:
 
 def apply_patch(old: str, hunks: str, name: str) -> str:
     """`old` with the hunks applied; a hunk may sit a few lines off (the file
-    moved a little), but its context and removed lines must match exactly."""
+    moved a little), but its context and removed lines must match exactly.
+
+    The file keeps its bytes: context lines are taken from the file as they
+    are, added lines get the file's line ending, and `\\ No newline at end
+    of file` after a line means that line ends the file without one."""
     lines = old.splitlines(keepends=True)
+    newline = newline_of(old)
     out: list[str] = []
     position = 0
     parsed = _hunks(hunks)
     if not parsed:
         raise PatchError(f"the patch for {name} has no hunks")
+    marked = "\n\\ " in "\n" + hunks
     for number, (start, body) in enumerate(parsed, start=1):
-        before = [text for tag, text in body if tag in " -"]
-        after = [text for tag, text in body if tag in " +"]
+        before = [text for tag, text, _ in body if tag in " -"]
         at = _find(lines, before, max(start - 1, 0), position)
         if at is None:
             raise PatchError(f"hunk {number} of the patch (at line {start} of {name}) does not match the file: it was written for another version. Nothing was written; ask for the whole file instead")
         out += lines[position:at]
-        out += [text + "\n" for text in after]
+        source = iter(lines[at : at + len(before)])
+        for tag, text, no_newline in body:
+            original = next(source) if tag in " -" else ""
+            if tag == " ":
+                out.append(text + ("" if no_newline else original[len(text):]))
+            elif tag == "+":
+                out.append(text + ("" if no_newline else newline))
         position = at + len(before)
     out += lines[position:]
-    result = "".join(out)
-    if old and not old.endswith("\n") and position >= len(lines) and result.endswith("\n"):
-        result = result[:-1]
+    # a line that lost its ending (the old last line, or one marked) and is no longer last gets one
+    result = "".join(piece if piece.endswith(("\n", "\r")) or i == len(out) - 1 else piece + newline for i, piece in enumerate(out))
+    # a patch without the markers (a model's, often) keeps the file's missing last newline
+    if not marked and old and not old.endswith(("\n", "\r")) and position >= len(lines) and result.endswith(newline):
+        result = result[: -len(newline)]
     return result
 
 
-def _hunks(text: str) -> list[tuple[int, list[tuple[str, str]]]]:
-    hunks: list[tuple[int, list[tuple[str, str]]]] = []
+def _hunks(text: str) -> list[tuple[int, list[tuple[str, str, bool]]]]:
+    """(first old line, [(tag, text, no newline after it)]) per hunk."""
+    hunks: list[tuple[int, list[tuple[str, str, bool]]]] = []
     for line in text.splitlines():
         header = HUNK.match(line)
         if header:
             hunks.append((int(header.group(1)), []))
         elif hunks and line.startswith(("+", "-", " ")):
-            hunks[-1][1].append((line[0], line[1:]))
+            hunks[-1][1].append((line[0], line[1:], False))
+        elif hunks and line.startswith("\\") and hunks[-1][1]:  # "\ No newline at end of file"
+            tag, text, _ = hunks[-1][1][-1]
+            hunks[-1][1][-1] = (tag, text, True)
         elif hunks and line == "":  # an empty context line whose space an editor removed
-            hunks[-1][1].append((" ", ""))
+            hunks[-1][1].append((" ", "", False))
     return hunks
 
 
@@ -166,41 +199,61 @@ def _find(lines: list[str], wanted: list[str], guess: int, earliest: int) -> int
 def plan(code: str, language: str, path: str | None, cwd: Path, confined: bool = False) -> list[Change]:
     """The changes applying this block would make (nothing is written).
 
-    `confined`: the paths come from the model, not the user (the fix loop
-    writes without showing a diff), so each must stay inside `cwd` and out of
-    `.git`; that is checked before any file is read."""
+    A path the user typed may go anywhere (`~` works). Paths from the model
+    stay inside `cwd`, out of `.git` and off termchat's own files (a
+    `.termchat.toml`, its config and state): with `confined` (the fix loop,
+    which writes without a diff) for every path, and always for the file
+    names in a patch's headers. A patch naming one file twice is applied in
+    order, so what is written is what the diff shows."""
 
-    def target(name: str) -> Path:
-        file = (cwd / name).expanduser().resolve()
+    def target(name: str, from_model: bool) -> Path:
+        given = Path(name).expanduser()
+        file = (given if given.is_absolute() else cwd / given).resolve()
         root = cwd.resolve()
-        if confined and (not file.is_relative_to(root) or ".git" in file.relative_to(root).parts):
-            raise UserError(f"the reply would write {file}, outside {root} (or in .git); nothing written. /apply it yourself to see the diff")
+        if from_model and (not file.is_relative_to(root) or ".git" in file.relative_to(root).parts):
+            raise UserError(f"the reply would write {file}, outside {root} (or in .git); nothing written. /apply it yourself to see the diff" if confined else f"the patch names {name}, outside {root} (or in .git); nothing written. /apply N PATH applies one file's patch where you say")
+        if from_model and _termchat_reads(file):
+            raise UserError(f"the reply would write {file}, which termchat itself reads (its settings or state); nothing written")
         return file
 
     if is_patch(code, language):
-        changes = []
+        planned: dict[Path, Change] = {}
         files = split_patch(code)
         for name, hunks in files:
-            name = path if path and len(files) == 1 else name
-            if not name:
+            given = path if path and len(files) == 1 else None
+            if not (given or name):
                 raise UserError("this patch names no file; give one: /apply N PATH")
-            file = target(name)
+            file = target(given, confined) if given else target(name, True)
+            if file in planned:  # the same file again: its hunks apply to the text so far
+                earlier = planned[file]
+                planned[file] = Change(file, earlier.old, apply_patch(earlier.new, hunks, name or given), earlier.mode)
+                continue
             old, mode = _read(file)
-            changes.append(Change(file, old, apply_patch(old or "", hunks, name), mode))
-        if not changes:
+            planned[file] = Change(file, old, apply_patch(old or "", hunks, given or name), mode)
+        if not planned:
             raise PatchError("this block looks like a patch but has no hunks (@@ -a,b +c,d @@)")
-        return changes
+        return list(planned.values())
     if not path:
         raise UserError("give the file to write: /apply [N] PATH")
-    file = target(path)
+    file = target(path, confined)
     old, mode = _read(file)
-    return [Change(file, old, code, mode)]
+    return [Change(file, old, with_newline(code, newline_of(old)), mode)]
+
+
+def _termchat_reads(file: Path) -> bool:
+    """Is this a file termchat reads (a project file, its settings, its state)?"""
+    if file.name == project.PROJECT_FILE:
+        return True
+    folders = (paths.config_dir(), paths.state_dir(), paths.data_dir(), paths.cache_dir())
+    return any(file == folder.resolve() or folder.resolve() in file.parents for folder in folders)
 
 
 def git_status(path: Path) -> str:
     """The file's state in git, in words ("" outside a work tree)."""
     try:
-        done = subprocess.run(["git", "status", "--porcelain", "--", path.name], cwd=path.parent, capture_output=True, text=True, timeout=5)
+        # before the user has said yes: nothing of the repository's may run (no fsmonitor, no hooks)
+        safe = ["-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "--no-optional-locks"]
+        done = subprocess.run(["git", *safe, "status", "--porcelain", "--", path.name], cwd=path.parent, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     if done.returncode != 0:
@@ -212,22 +265,33 @@ def git_status(path: Path) -> str:
 
 
 class UndoStack:
-    """What /apply replaced, newest last: one JSON file per apply in the state folder."""
+    """What /apply replaced, newest last: one JSON file per apply in the state
+    folder, one stack per project (the git root, else the folder /apply and
+    /undo run in), so /undo in one project never restores another's file."""
 
     def __init__(self, folder: Path | None = None, keep: int = UNDO_KEEP):
-        self.folder = folder or paths.state_dir() / "undo"
+        self.fixed = folder
         self.keep = keep
+
+    @property
+    def folder(self) -> Path:
+        if self.fixed is not None:
+            return self.fixed
+        top = project.root(Path.cwd())
+        return paths.state_dir() / "undo" / hashlib.sha256(str(top).encode()).hexdigest()[:16]
 
     def _entries(self) -> list[Path]:
         return sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []
 
-    def push(self, changes: list[Change]) -> None:
-        paths.private_dir(self.folder)
+    def push(self, changes: list[Change]) -> Path:
+        folder = self.folder
+        paths.private_dir(folder)
         record = [{"path": str(c.path), "old": c.old, "mode": c.mode, "new_sha": _sha(c.new)} for c in changes]
-        name = self.folder / f"{time.time_ns()}.json"
+        name = folder / f"{time.time_ns()}.json"
         write_atomically(name, json.dumps(record), 0o600)
         for old in self._entries()[: -self.keep]:
             old.unlink(missing_ok=True)
+        return name
 
     def undo(self) -> str:
         """Restore the files of the last apply; what was done, in words.
@@ -277,11 +341,44 @@ def _sha(text: str) -> str:
 
 
 def write(changes: list[Change], undo: UndoStack) -> str:
-    """Write the changes (atomically, keeping modes) and remember them for /undo."""
-    undo.push(changes)
+    """Write the changes (atomically, keeping modes) and remember them for /undo.
+
+    All or nothing: each file must still be what the diff was made from, and
+    if one write fails, the files already written get their old bytes back
+    and the undo record goes, so a failed /apply leaves no trace."""
+    for change in changes:
+        try:
+            now = change.path.read_bytes().decode("utf-8") if change.path.exists() else None
+        except (OSError, UnicodeDecodeError):
+            now = ""
+        if now != change.old:
+            raise UserError(f"{change.path} changed since the diff was made; nothing written. /apply again to see the new diff")
+    try:
+        record = undo.push(changes)
+    except OSError as exc:
+        raise UserError(f"could not keep the undo record ({exc.strerror or exc}); nothing written") from None
+    done: list[Change] = []
     for change in changes:
         try:
             write_atomically(change.path, change.new, change.mode)
         except OSError as exc:
-            raise UserError(f"could not write {change.path}: {exc.strerror or exc}") from None
+            if _restore(done):
+                record.unlink(missing_ok=True)
+                raise UserError(f"could not write {change.path}: {exc.strerror or exc}; nothing was changed") from None
+            raise UserError(f"could not write {change.path}: {exc.strerror or exc}, nor restore the files written before it; /undo restores them") from None
+        done.append(change)
     return ", ".join(f"{c.path.name} ({'created' if c.old is None else 'changed'})" for c in changes) + "; /undo restores"
+
+
+def _restore(changes: list[Change]) -> bool:
+    """Put back what `changes` replaced; whether all of it went back."""
+    ok = True
+    for change in reversed(changes):
+        try:
+            if change.old is None:
+                change.path.unlink(missing_ok=True)
+            else:
+                write_atomically(change.path, change.old, change.mode)
+        except OSError:
+            ok = False
+    return ok

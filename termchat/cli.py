@@ -15,6 +15,7 @@ import sys
 
 from termchat import __version__
 from termchat.errors import UserError
+from termchat.sanitize import inert  # config strings and server text printed: never escape sequences
 
 
 def _config(args):
@@ -43,7 +44,7 @@ def cmd_profiles_list(args) -> int:
         rows.append((mark + name, p.endpoint or p.model, draft, p.method or "none", str(p.num_speculative_tokens or "-"), p.source))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print(inert("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()))
     return 0
 
 
@@ -56,11 +57,11 @@ def cmd_profiles_check(args) -> int:
         return 0
     problems = check_file(path)
     for problem in problems:
-        print(problem, file=sys.stderr)
+        print(inert(str(problem)), file=sys.stderr)
     if problems:
-        print(f"{len(problems)} problem(s) in {path}", file=sys.stderr)
+        print(inert(f"{len(problems)} problem(s) in {path}"), file=sys.stderr)
         return 2
-    print(f"{path}: OK")
+    print(inert(f"{path}: OK"))
     return 0
 
 
@@ -79,7 +80,7 @@ def cmd_models_list(args) -> int:
 
     for row in models.listing():
         state = f"prepared, {row['bytes'] / 1e6:.0f} MB" if row["prepared"] else "not prepared (run `termchat models prepare`)"
-        print(f"{row['name']}\n  {row['summary']}\n  {row['path']}\n  {state}")
+        print(inert(f"{row['name']}\n  {row['summary']}\n  {row['path']}\n  {state}"))
     return 0
 
 
@@ -95,9 +96,9 @@ def cmd_serve(args) -> int:
     if profile.is_remote:
         raise UserError(f"profile '{profile.name}' points at a remote endpoint ({profile.endpoint}); there is nothing to serve here")
     if args.dry_run:
-        print(shlex.join(server_command(profile, args.port or "PORT", resolve_model=False)))
+        print(inert(shlex.join(server_command(profile, args.port or "PORT", resolve_model=False))))
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in profile.env.items())
-        print(f"# environment: {env + ' ' if env else ''}VLLM_API_KEY=<random, per start>")
+        print(inert(f"# environment: {env + ' ' if env else ''}VLLM_API_KEY=<random, per start>"))
         return 0
     show, done = _progress_printer()
 
@@ -112,7 +113,7 @@ def cmd_serve(args) -> int:
         engine.wait_ready(progress=show)
         done()
         served.write_state(engine)
-        print(f"serving profile '{profile.name}' at {engine.base_url} (API key in {served.state_file(profile.name)}); log: {engine.log_path}", file=sys.stderr)
+        print(inert(f"serving profile '{profile.name}' at {engine.base_url} (API key in {served.state_file(profile.name)}); log: {engine.log_path}"), file=sys.stderr)
         print("termchat ask --profile " + profile.name + " attaches to it. Ctrl+C stops it.", file=sys.stderr)
         engine.process.wait()  # until Ctrl+C / SIGTERM, or the engine dies
         raise UserError(engine.describe_failure())
@@ -129,8 +130,6 @@ def cmd_serve(args) -> int:
 
 def terminal_text(text: str, is_terminal: bool) -> str:
     """Model output made inert for a terminal; unchanged into a pipe."""
-    from termchat.sanitize import inert
-
     return inert(text) if is_terminal else text
 
 
@@ -240,10 +239,10 @@ def cmd_doctor(args) -> int:
     from termchat.advisor import check
 
     profile = _config(args).get(args.profile)
-    print(f"profile {profile.name}: {profile.model}" + (f" + {profile.speculative.label()}" if profile.speculative else ""))
+    print(inert(f"profile {profile.name}: {profile.model}" + (f" + {profile.speculative.label()}" if profile.speculative else "")))
     findings = check(profile)
     for finding in findings:
-        print(f"  {finding}")
+        print(inert(f"  {finding}"))
     warnings = sum(f.level == "warning" for f in findings)
     print(f"{warnings} warning(s)" if warnings else "no warnings")
     if not args.verify:
@@ -265,7 +264,7 @@ def _verify(profile) -> int:
     finally:
         done()
     for check in checks:
-        print(f"  {check.line()}")
+        print(inert(f"  {check.line()}"))
     failed = [c for c in checks if c.passed is False]
     print(f"{'FAIL' if failed else 'PASS'}: " + ("speculation changes what is sampled on this engine; do not trust replies at T > 0 with it" if failed else "speculation did not change what was sampled") + f" ({time.monotonic() - started:.0f} s)")
     return 1 if failed else 0
@@ -362,8 +361,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except UserError as exc:
-        from termchat.sanitize import inert
-
         print(f"termchat: {inert(str(exc))}", file=sys.stderr)  # often quotes a server, a file or a title
         return exc.exit_code
     except KeyboardInterrupt:

@@ -39,7 +39,7 @@ DEFAULT_MODEL = "termchat:smollm2-135m-instruct"
 TOP_KEYS = {"profiles": dict, "default_profile": str, "theme": str}
 # vLLM server flags that termchat sets itself: from a profile they could make the
 # managed engine listen beyond this machine, or without its key
-OWNED_FLAGS = ("host", "port", "api_key", "uds", "model", "served_model_name")
+OWNED_FLAGS = ("host", "port", "api_key", "uds", "model", "served_model_name", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "root_path", "headless")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -260,7 +260,10 @@ def _parse_profile(name: str, table: dict, file: str, problem) -> Profile | None
     if "api_key_env" in values and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", values["api_key_env"]):
         bad("api_key_env", "must be the name of an environment variable, not the key itself")
     for flag in values.get("engine_args", {}):
-        if flag.lstrip("-").replace("-", "_") in OWNED_FLAGS:
+        # a first, early check with the file's line (the engine checks the final arguments
+        # with vLLM's own parser: guarded_server.py): "host=...", and abbreviations ("hos")
+        given = flag.lstrip("-").split("=")[0].replace("-", "_")
+        if any(owned == given or (len(given) >= 2 and owned.startswith(given)) for owned in OWNED_FLAGS):
             bad(flag, "termchat sets this flag itself (the engine listens on 127.0.0.1, a free port, with a random API key); remove it. For an engine elsewhere, use `endpoint`.", f"{where}.engine_args")
     if "env" in values:
         for env_key, env_value in values["env"].items():

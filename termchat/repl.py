@@ -24,7 +24,7 @@ from pygments.formatters import Terminal256Formatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from termchat import apply, paths, testing
+from termchat import apply, paths, project, testing
 from termchat.apply import UndoStack
 from termchat.commands import SessionCommands, apply_arguments, code_block, dispatch, help_text
 from termchat.engine.client import ReplyInterrupted
@@ -33,7 +33,8 @@ from termchat.engine.endpoint import plain_http_warning
 from termchat.errors import UserError
 from termchat.exchange import exchange
 from termchat.profiles import Config
-from termchat.sanitize import Sanitizer, clean_code, inert
+from termchat.reply_code import CodeBlock, code_blocks
+from termchat.sanitize import Sanitizer, inert
 from termchat.session import ChatSession
 from termchat.shell import CommandRun
 from termchat.store import Store
@@ -247,17 +248,16 @@ class Repl(SessionCommands):
         self.next_text = message["content"]
         self.say(f"editing on a new branch (conversation {branch}); the old branch stays as conversation {old}" if branch else "editing; the reply after it is forgotten")
 
-    def _code_blocks(self) -> list[tuple[str, str]]:
+    def _code_blocks(self) -> list[CodeBlock]:
         replies = [m["content"] for m in self.session.conversation.messages if m["role"] == "assistant"]
         return [block for reply in replies for block in code_blocks(reply)]
 
     async def do_apply(self, arg: str) -> None:
         number, path = apply_arguments(arg)
-        language, code = code_block(self._code_blocks(), number, "apply")
-        code, warning = clean_code(code)
-        if warning:
-            self.say(warning)
-        changes = apply.plan(code, language, path, Path.cwd())
+        block = code_block(self._code_blocks(), number, "apply")
+        if block.warning:
+            self.say(block.warning)
+        changes = apply.plan(block.code, block.language, path, Path.cwd())
         self._show(changes)
         answer = await self.prompt.prompt_async("write it? (y/N) ", default="")
         if answer.strip().lower() not in ("y", "yes"):
@@ -284,6 +284,7 @@ class Repl(SessionCommands):
 
     async def _run(self, command: str) -> CommandRun:
         run = self.last_run = CommandRun(command)
+        self.say(f"$ {command}")  # what runs is always on screen first (the TUI's block title)
 
         async def stream() -> None:
             async for text in run.chunks():
@@ -299,7 +300,17 @@ class Repl(SessionCommands):
         self.say(f"the output of `{self.last_run.command}` goes with your next message")
 
     async def do_test(self, arg: str) -> None:
-        command = testing.resolve_test_command(arg, self.session.profile.test_command, Path.cwd())
+        command, source = testing.resolve_test_command(arg, self.session.profile.test_command, Path.cwd())
+        if source is not None and not project.approved(source, command):
+            self.say(project.approval_question(source, command))
+            answer = await self.prompt.prompt_async("run it? (y/N) ", default="")
+            if answer.strip().lower() not in ("y", "yes"):
+                self.say(f"nothing run; /test COMMAND runs a command you type, or edit {source.name}")
+                return
+            try:
+                project.approve(source, command)
+            except OSError as exc:
+                self.say(f"could not remember the approval ({exc.strerror or exc}); it will be asked again")
         run = await self._run(command)
         if run.exit_code == 0:
             self.say("tests pass" + (" after the fix" if self.last_failure else ""))
@@ -314,9 +325,10 @@ class Repl(SessionCommands):
             raise UserError("no failing /test to fix; run /test first")
         rounds = testing.fix_rounds(arg)
         for _ in range(max(rounds, 1)):
-            if not await self.send(testing.fix_request(*self.last_failure)) or not rounds:
+            command, summary = self.last_failure
+            if not await self.send(testing.fix_request(command, summary, testing.fix_files(self.applied, summary, Path.cwd()))) or not rounds:
                 return
-            blocks = [(language, clean_code(code)[0]) for language, code in code_blocks(self.session.conversation.messages[-1]["content"])]
+            blocks = [(block.language, block.code) for block in code_blocks(self.session.conversation.messages[-1]["content"])]
             changes = testing.plan_fix(blocks, self.applied, Path.cwd())
             self._show(changes)
             self._write(changes)
@@ -324,20 +336,6 @@ class Repl(SessionCommands):
             if self.last_failure is None or self.last_run.ended_by == "stopped":
                 return
         self.say("the tests still fail after the rounds asked for; the changes stay (/undo restores them one by one)")
-
-
-def code_blocks(text: str) -> list[tuple[str, str]]:
-    """(language, code) of the fenced blocks of a reply (the TUI reads them from its Markdown widget)."""
-    blocks, language, current, inside = [], "", [], False
-    for line in text.splitlines():
-        marker = line.strip()
-        if marker.startswith(("```", "~~~")):
-            if inside:
-                blocks.append((language, "\n".join(current) + "\n"))
-            inside, language, current = not inside, marker[3:].strip(), []
-        elif inside:
-            current.append(line)
-    return blocks
 
 
 def run_repl(config: Config, profile: str | None) -> int:

@@ -7,8 +7,10 @@ display path goes through `Sanitizer` (streamed) or `inert()` (whole text):
 
 - escape sequences (CSI, OSC, DCS/SOS/PM/APC strings, two-byte ESC x) and
   every C0/C1 control except newline and tab are removed;
-- bidi controls (U+202A-202E, U+2066-2069, U+200E/F, U+061C) and zero-width
-  characters are shown as visible marks such as <U+202E>.
+- bidi controls (U+202A-202E, U+2066-2069, U+200E/F, U+061C), zero-width
+  characters, invisible operators (U+2061-2064, U+206A-206F, U+FFF9-FFFB)
+  and tag characters (U+E0000-E007F) are shown as visible marks such as
+  <U+202E>.
 
 It is one state machine fed character by character, so a reply sanitized in
 chunks as it streams equals the same text sanitized whole on replay, whatever
@@ -21,7 +23,11 @@ from __future__ import annotations
 
 BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
 ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff\u180e")
-HIDDEN = BIDI | ZERO_WIDTH
+# invisible operators (function application, invisible times...), deprecated
+# format controls, interlinear annotations, and the tag characters (U+E0000-E007F:
+# ASCII that no terminal shows, the carrier of "ASCII smuggling")
+INVISIBLE = frozenset(map(chr, [*range(0x2061, 0x2065), *range(0x206A, 0x2070), *range(0xFFF9, 0xFFFC), *range(0xE0000, 0xE0080)]))
+HIDDEN = BIDI | ZERO_WIDTH | INVISIBLE
 
 _GROUND, _ESC, _ESC_INTER, _CSI, _STRING, _STRING_ESC = range(6)
 _STRING_INTRODUCERS = "]PX^_"  # OSC, DCS, SOS, PM, APC
@@ -37,7 +43,9 @@ class Sanitizer:
 
     def __init__(self, show_hidden: bool = True) -> None:
         self.state = _GROUND
-        self.show_hidden = show_hidden  # False: keep bidi and zero-width characters as they are
+        # False (code for a file): keep invisible characters as they are, and
+        # carriage returns (line endings), naming them in a warning instead
+        self.show_hidden = show_hidden
 
     def feed(self, text: str) -> str:
         out: list[str] = []
@@ -90,7 +98,7 @@ class Sanitizer:
             self.state = _CSI
         elif ch in _C1_STRINGS:
             self.state = _STRING
-        elif ch in "\n\t":
+        elif ch in "\n\t" or (ch == "\r" and not self.show_hidden):
             out.append(ch)
         elif code < 0x20 or 0x7F <= code <= 0x9F:
             pass  # other C0 and C1 controls, DEL
@@ -124,6 +132,8 @@ def hidden_characters(text: str) -> list[str]:
         found.append("bidi controls")
     if any(c in ZERO_WIDTH for c in text):
         found.append("zero-width characters")
+    if any(c in INVISIBLE for c in text):
+        found.append("invisible operators or tag characters")
     return found
 
 
@@ -142,5 +152,6 @@ def clean_code(code: str) -> tuple[str, str]:
     if removed:
         parts.append(f"{' and '.join(removed)} removed")
     if kept:
-        parts.append(f"it contains {' and '.join(kept)}, which can hide what the code does: read it before running it")
+        named = ", ".join(dict.fromkeys(mark(c) for c in code if c in HIDDEN))
+        parts.append(f"it contains {' and '.join(kept)} ({named[:200]}), kept as they are, which can hide what the code does: read it before running it")
     return cleaned, "this code block had hidden content: " + "; ".join(parts)

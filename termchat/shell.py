@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from termchat.errors import UserError
-from termchat.sanitize import Sanitizer
+from termchat.sanitize import Sanitizer, inert
 
 TIME_LIMIT_S = 600.0
+EXIT_GRACE_S = 0.5  # after the command exits, how long its output may still take to close
+LINE_CHARS = 1_000  # a longer line is folded: one line without newlines must not grow without bound
 KEEP_CHARS = 200_000  # of output, for the screen and the summary
 FOR_MODEL_CHARS = 6_000  # what goes to the model: the end of the output, where errors are
 
@@ -25,7 +27,7 @@ FOR_MODEL_CHARS = 6_000  # what goes to the model: the end of the output, where 
 def change_folder(arg: str) -> str:
     """`/cd [DIR]`: the folder /run, /test, /apply and /file work in (the process's own)."""
     if arg:
-        folder = (Path.cwd() / arg).expanduser().resolve()
+        folder = (Path.cwd() / Path(arg).expanduser()).resolve()  # ~ first: cwd / "~/x" is not under home
         if not folder.is_dir():
             raise UserError(f"no folder {folder}; /cd takes an existing folder")
         try:
@@ -33,6 +35,57 @@ def change_folder(arg: str) -> str:
         except OSError as exc:
             raise UserError(f"cannot work in {folder}: {exc.strerror or exc}") from None
     return f"working in {Path.cwd()} (/run, /test, /apply and /file start here)"
+
+
+def fold(text: str, column: int) -> tuple[str, int]:
+    """`text` with a newline after every LINE_CHARS characters without one;
+    `column` is where the previous chunk left off. The new column too."""
+    parts = text.split("\n")
+    if column + len(parts[0]) <= LINE_CHARS and all(len(part) <= LINE_CHARS for part in parts[1:]):
+        return text, column + len(text) if len(parts) == 1 else len(parts[-1])
+    out = []
+    for ch in text:
+        if ch == "\n":
+            column = 0
+        elif column == LINE_CHARS:
+            out.append("\n")
+            column = 1
+        else:
+            column += 1
+        out.append(ch)
+    return "".join(out), column
+
+
+def group_alive(pgid: int) -> bool:
+    """Does a process of this group still run (`cmd &` inside it: Escape stops it)?"""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def holders(process: asyncio.subprocess.Process) -> list[str]:
+    """Other processes holding the command's output pipe ("pid N (name)"), from
+    /proc on Linux ([] elsewhere): what `setsid cmd &` leaves behind."""
+    try:
+        pipe = process.stdout._transport.get_extra_info("pipe")  # our read end
+        inode = os.fstat(pipe.fileno()).st_ino
+    except (AttributeError, OSError, ValueError):
+        return []
+    wanted, found = f"pipe:[{inode}]", []
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        try:
+            if int(pid) == os.getpid() or os.getpgid(int(pid)) == process.pid:  # us, or its own group (killed)
+                continue
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == wanted for fd in os.listdir(f"/proc/{pid}/fd")):
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
+                found.append(f"pid {pid} ({inert(name)})")
+        except OSError:
+            continue
+    return found
 
 
 class CommandRun:
@@ -44,10 +97,17 @@ class CommandRun:
         self.exit_code: int | None = None
         self.ended_by = ""  # "" | "stopped" | "time limit"
         self._process: asyncio.subprocess.Process | None = None
+        self._stopped: asyncio.Event | None = None
+        self.left_running: list[str] = []  # "pid N (name)" of processes that left its group holding the output
 
     async def chunks(self) -> AsyncIterator[str]:
-        """The output as it comes (stdout and stderr together, inert), until the command ends."""
+        """The output as it comes (stdout and stderr together, inert, lines
+        folded at LINE_CHARS), until the command ends, is stopped, or has
+        exited while something it started outside its process group
+        (`setsid cmd &`) still holds the output: that is reported
+        (`left_running`), not waited for."""
         clean = Sanitizer()
+        self._stopped = asyncio.Event()
         self._process = await asyncio.create_subprocess_shell(
             self.command,
             cwd=self.cwd,
@@ -57,42 +117,81 @@ class CommandRun:
             start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        deadline = asyncio.get_running_loop().time() + self.time_limit
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.time_limit
+        exited = asyncio.ensure_future(self._exited())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        read = None
+        column = 0  # characters since the last newline
         try:
             while True:
-                left = deadline - asyncio.get_running_loop().time()
-                try:
-                    async with asyncio.timeout(max(left, 0.01)):  # not wait_for: it can swallow a cancel (3.11)
-                        data = await self._process.stdout.read(4096)
-                except TimeoutError:
+                read = read or asyncio.ensure_future(self._process.stdout.read(4096))
+                # once the command has exited, what is left in the pipe comes at once
+                had_exited = exited.done()
+                limit = min(EXIT_GRACE_S, deadline - loop.time()) if had_exited else deadline - loop.time()
+                await asyncio.wait({read, stopped} | (set() if had_exited else {exited}), timeout=max(limit, 0.01), return_when=asyncio.FIRST_COMPLETED)
+                if read.done():
+                    data, read = read.result(), None
+                    if not data:
+                        break
+                    text, column = fold(clean.feed(data.decode("utf-8", "replace")), column)
+                    self.output = (self.output + text)[-KEEP_CHARS:]
+                    yield text
+                elif stopped.done():
+                    break
+                elif loop.time() >= deadline:
                     self.stop("time limit")
                     break
-                if not data:
-                    break
-                text = clean.feed(data.decode("utf-8", "replace"))
-                self.output = (self.output + text)[-KEEP_CHARS:]
-                yield text
+                elif had_exited and not group_alive(self._process.pid):
+                    break  # exited, yet the pipe stays open: held by what left its group (reported)
         except BaseException:  # the reader was cancelled: the command goes too
             self.stop()
             raise
         finally:
-            self.exit_code = await self._process.wait()
+            for task in (read, stopped):
+                if task is not None:
+                    task.cancel()
+            try:
+                async with asyncio.timeout(5):
+                    self.exit_code = await exited
+            except TimeoutError:  # killed, yet not reaped: say so rather than wait
+                exited.cancel()
+                self.exit_code = self._process.returncode
+            self.left_running = holders(self._process)
+            transport = getattr(self._process, "_transport", None)
+            if transport is not None:
+                transport.close()  # our end of the pipe: a process left holding it gets EPIPE
+
+    async def _exited(self) -> int:
+        """The shell's exit code, as soon as it exits (Process.wait() also
+        waits for the output pipe to close, which a process left running holds)."""
+        while self._process.returncode is None:
+            await asyncio.sleep(0.05)
+        return self._process.returncode
 
     def stop(self, why: str = "stopped") -> None:
-        """End the command and everything it started."""
+        """End the command and everything it started in its process group;
+        the reader returns at once, even if a process that left the group
+        still holds the output."""
         self.ended_by = self.ended_by or why
-        if self._process is not None and self._process.returncode is None:
+        if self._process is not None:
             try:
                 os.killpg(self._process.pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
+        if self._stopped is not None:
+            self._stopped.set()
 
     def outcome(self) -> str:
         if self.ended_by == "time limit":
-            return f"stopped at the time limit ({self.time_limit:.0f} s)"
-        if self.ended_by:
-            return "stopped"
-        return f"exit {self.exit_code}"
+            said = f"stopped at the time limit ({self.time_limit:.0f} s)"
+        elif self.ended_by:
+            said = "stopped"
+        else:
+            said = f"exit {self.exit_code}"
+        if self.left_running:
+            said += f"; it left running, outside its process group, holding its output: {', '.join(self.left_running)} (not waited for; kill them yourself if they should not run)"
+        return said
 
     def for_model(self, limit: int = FOR_MODEL_CHARS) -> str:
         """The command, the end of its output and how it ended, for the next message."""

@@ -1,72 +1,51 @@
 """`/test`: which command runs the project's tests, and what of a failure to send back.
 
 The command comes from, in order: `/test COMMAND`; the profile's
-`test_command`; `test_command` in a `.termchat.toml` in this folder or a
-parent (up to the git root); else pytest, when there is a `tests/` folder or
-pytest configuration. The summary sent to the model names the failing tests
-and their assertion messages (pytest's `E` lines), not the whole log.
+`test_command`; `test_command` in the project root's `.termchat.toml` (run
+only once the user approved it: project.py); else pytest under the project's
+own interpreter, when the root has a `tests/` folder or pytest configuration.
+The summary sent to the model names the failing tests and their assertion
+messages (pytest's `E` lines), not the whole log.
 """
 
 from __future__ import annotations
 
+import os
 import re
-import shutil
-import sys
-import tomllib
+import shlex
 from pathlib import Path
 
-from termchat import apply
+from termchat import apply, project
 from termchat.errors import UserError
 
-PROJECT_FILE = ".termchat.toml"
 PYTEST_ARGS = "-q -rfE --color=no"
 SUMMARY_LINES = 60
 MAX_FIX_ROUNDS = 5
 
 
-def _project_root(cwd: Path) -> list[Path]:
-    """cwd and its parents up to (and with) the git work tree's root."""
-    folders = []
-    for folder in (cwd, *cwd.parents):
-        folders.append(folder)
-        if (folder / ".git").exists():
-            break
-    return folders
-
-
-def project_command(cwd: Path) -> str | None:
-    for folder in _project_root(cwd):
-        file = folder / PROJECT_FILE
-        if file.is_file():
-            try:
-                value = tomllib.loads(file.read_text(encoding="utf-8")).get("test_command")
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-                raise UserError(f"{file}: {exc}; fix the file (test_command = \"...\")") from None
-            if value is not None and not isinstance(value, str):
-                raise UserError(f"{file}: test_command must be a string")
-            return value
-    return None
-
-
-def uses_pytest(cwd: Path) -> bool:
-    for folder in _project_root(cwd):
-        if (folder / "tests").is_dir() or (folder / "pytest.ini").is_file() or (folder / "conftest.py").is_file():
+def uses_pytest(folder: Path) -> bool:
+    if (folder / "tests").is_dir() or (folder / "pytest.ini").is_file() or (folder / "conftest.py").is_file():
+        return True
+    for name, marker in (("pyproject.toml", "[tool.pytest"), ("setup.cfg", "[tool:pytest]"), ("tox.ini", "[pytest]")):
+        file = folder / name
+        if file.is_file() and marker in file.read_text(encoding="utf-8", errors="replace"):
             return True
-        for name, marker in (("pyproject.toml", "[tool.pytest"), ("setup.cfg", "[tool:pytest]"), ("tox.ini", "[pytest]")):
-            file = folder / name
-            if file.is_file() and marker in file.read_text(encoding="utf-8", errors="replace"):
-                return True
     return False
 
 
-def resolve_test_command(given: str, profile_command: str | None, cwd: Path) -> str:
-    """The command /test runs, or a UserError saying how to give one."""
-    command = given or profile_command or project_command(cwd)
-    if command:
-        return command
-    if uses_pytest(cwd):
-        return f"pytest {PYTEST_ARGS}" if shutil.which("pytest") else f"{sys.executable} -m pytest {PYTEST_ARGS}"
-    raise UserError(f"no test command found here ({cwd}): give one (/test make check), or set test_command in the profile or in {PROJECT_FILE}")
+def resolve_test_command(given: str, profile_command: str | None, cwd: Path) -> tuple[str, Path | None]:
+    """The command /test runs and, when it came from the project's
+    `.termchat.toml`, that file (the caller asks the user's approval first);
+    or a UserError saying how to give one."""
+    if given or profile_command:
+        return given or profile_command, None
+    found = project.test_command(cwd)
+    if found:
+        return found
+    top = project.root(cwd)
+    if uses_pytest(top):
+        return f"{shlex.quote(project.interpreter(top))} -m pytest {PYTEST_ARGS}", None
+    raise UserError(f"no test command found here ({cwd}): give one (/test make check), or set test_command in the profile or in {top / project.PROJECT_FILE}")
 
 
 SUMMARY = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$")
@@ -103,8 +82,37 @@ def failure_summary(output: str) -> str:
     return "\n".join(out[:SUMMARY_LINES]) + (f"\n{counts}" if counts else "")
 
 
-def fix_request(command: str, summary: str) -> str:
-    return f"The tests fail (`{command}`):\n\n```\n{summary}\n```\n\nFix the code so that they pass. Reply with each corrected file whole, in a fenced block whose first line is a comment naming the file (for example `# calc.py`)."
+def fix_request(command: str, summary: str, files: list[str]) -> str:
+    """The message /fix sends. It asks for whole files, each block opening with
+    a comment naming its file, and gives the real names as the example: the
+    default model copies the example it is given."""
+    if files:
+        named = ", ".join(f"`{comment(name)}`" for name in files)
+        how = f"whose first line is a comment naming the file: {named}"
+    else:
+        how = "whose first line is a comment naming the file (its path from the project folder)"
+    return f"The tests fail (`{command}`):\n\n```\n{summary}\n```\n\nFix the code so that they pass. Reply with each corrected file whole, in a fenced block {how}."
+
+
+COMMENT_STYLES = {"#": ".py .sh .rb .toml .yaml .yml .r .pl .cfg .ini .txt", "//": ".js .ts .tsx .jsx .c .h .cc .cpp .hpp .java .go .rs .kt .swift .cs .scala .dart", "--": ".sql .lua .hs"}
+
+
+def comment(name: str) -> str:
+    """The first line naming a file, in its language's comment style (as named_file reads it)."""
+    suffix = Path(name).suffix.lower()
+    if suffix in (".html", ".xml", ".md", ".vue"):
+        return f"<!-- {name} -->"
+    marker = next((mark for mark, suffixes in COMMENT_STYLES.items() if suffix in suffixes.split()), "#")
+    return f"{marker} {name}"
+
+
+def fix_files(applied: list[Path], summary: str, cwd: Path) -> list[str]:
+    """The files a fix is about: those the last /apply wrote, else the source
+    (not test) files the failure summary points at; as paths from `cwd`."""
+    if applied:
+        return [os.path.relpath(path, cwd) for path in applied]
+    found = dict.fromkeys(m.group(1) for m in re.finditer(r"(?:^|\s)([\w./-]+\.py):\d+", summary))
+    return [name for name in found if not Path(name).name.startswith("test_") and "tests" not in Path(name).parts]
 
 
 def fix_rounds(arg: str) -> int:

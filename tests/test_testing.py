@@ -27,8 +27,8 @@ def test_other():
 def test_the_summary_names_the_failing_test_and_its_assertion(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_calc.py").write_text(FAILING)
-    command = testing.resolve_test_command("", None, tmp_path)
-    assert "pytest" in command and "-rfE" in command
+    command, source = testing.resolve_test_command("", None, tmp_path)
+    assert "-m pytest" in command and "-rfE" in command and source is None
     done = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True)
     summary = testing.failure_summary(done.stdout + done.stderr)
     assert "tests/test_calc.py::test_add" in summary
@@ -38,9 +38,10 @@ def test_the_summary_names_the_failing_test_and_its_assertion(tmp_path):
 
 def test_the_command_comes_from_the_argument_then_the_profile_then_the_project_file(tmp_path):
     (tmp_path / ".termchat.toml").write_text('test_command = "make check"\n')
-    assert testing.resolve_test_command("tox -q", "nox", tmp_path) == "tox -q"
-    assert testing.resolve_test_command("", "nox", tmp_path) == "nox"
-    assert testing.resolve_test_command("", None, tmp_path) == "make check"
+    assert testing.resolve_test_command("tox -q", "nox", tmp_path) == ("tox -q", None)
+    assert testing.resolve_test_command("", "nox", tmp_path) == ("nox", None)
+    # from the project file: the file comes along, for the approval
+    assert testing.resolve_test_command("", None, tmp_path) == ("make check", tmp_path.resolve() / ".termchat.toml")
 
 
 def test_no_tests_here_says_how_to_give_a_command(tmp_path):
@@ -77,7 +78,7 @@ def test_the_fix_goes_where_the_patch_the_block_or_the_last_apply_says_and_nowhe
     # blocks that name their file on the first line, as the request asks: several files at once
     named = [("python", "# calc.py\ndef add(): ...\n"), ("javascript", "// src/app.js\nlet x = 1;\n"), ("text", "no name\n")]
     assert testing.fix_targets(named, applied) == [(0, "calc.py"), (1, "src/app.js")]
-    assert "first line is a comment naming the file" in testing.fix_request("pytest", "- FAILED t")
+    assert "first line is a comment naming the file" in testing.fix_request("pytest", "- FAILED t", [])
     with pytest.raises(UserError, match="does not say which file"):
         testing.fix_targets([("python", "a = 1\n"), ("python", "b = 2\n")], applied)  # two blocks, one file: a guess
     with pytest.raises(UserError, match="does not say which file"):

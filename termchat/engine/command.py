@@ -8,7 +8,12 @@ import sys
 from termchat import models
 from termchat.profiles import Profile
 
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SERVER_MODULE = "termchat.engine.guarded_server"  # vLLM's server, after checking its final arguments
+
+
+def owned(profile: Profile, port: int | str, model: str) -> dict:
+    """What termchat sets and a profile may not change (guarded_server.py checks it)."""
+    return {"host": "127.0.0.1", "port": port, "uds": None, "api_key": None, "ssl_keyfile": None, "ssl_certfile": None, "ssl_ca_certs": None, "root_path": None, "headless": False, "model": model, "served_model_name": [profile.model]}
 
 
 def flag(key: str, value) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import importlib.util
+import json
 import os
 import secrets
 import shlex
@@ -24,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from termchat import paths
-from termchat.engine.command import server_command
+from termchat.engine.command import owned, server_command
+from termchat.engine.guarded_server import OWNS_ENV
 from termchat.engine.endpoint import Engine, EngineError, EngineState
 from termchat.profiles import Profile
 
@@ -97,7 +99,8 @@ class ManagedEngine(Engine):
         log_dir = paths.private_dir(log_dir or paths.logs_dir())
         prune_logs(log_dir, profile.name)
         log_path = log_dir / f"engine-{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
-        env = {**os.environ, **profile.env, "PYTHONUNBUFFERED": "1", "VLLM_API_KEY": key}
+        owns = owned(profile, port, cmd[cmd.index("--model") + 1])
+        env = {**os.environ, **profile.env, "PYTHONUNBUFFERED": "1", "VLLM_API_KEY": key, OWNS_ENV: json.dumps(owns)}
         with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
             log.write(("$ " + shlex.join(cmd) + "\n").encode())
             log.flush()

@@ -14,18 +14,19 @@ from pathlib import Path
 
 from textual import work
 
-from termchat import apply, testing
+from termchat import apply, project, testing
 from termchat.commands import SessionCommands, apply_arguments, code_block
 from termchat.errors import UserError
 from termchat.files import write_export
 from termchat.shell import CommandRun
 from termchat.ui.screens.apply_diff import ApplyDiff
 from termchat.ui.screens.ask_text import AskText
+from termchat.ui.screens.confirm import Confirm
 from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.screens.picker import ProfilePicker
 from termchat.ui.widgets.chat_view import wait_for_worker
 from termchat.ui.widgets.command_output import CommandOutput
-from termchat.ui.widgets.message import CodeBlock
+from termchat.reply_code import CodeBlock
 from termchat.ui.widgets.prompt import PromptArea
 
 
@@ -137,7 +138,21 @@ class ChatCommands(SessionCommands):
         self.run_command(arg, tests=False)
 
     async def do_test(self, arg: str) -> None:
-        self.run_command(testing.resolve_test_command(arg, self.session.profile.test_command, Path.cwd()), tests=True)
+        command, source = testing.resolve_test_command(arg, self.session.profile.test_command, Path.cwd())
+        if source is not None and not project.approved(source, command):
+            self.run_worker(self._approve_and_test(command, source))
+            return
+        self.run_command(command, tests=True)
+
+    async def _approve_and_test(self, command: str, source: Path) -> None:
+        """A test command that came with the project runs once the user has seen it and said yes."""
+        if not await self.app.push_screen_wait(Confirm(project.approval_question(source, command))):
+            return self.say(f"nothing run; /test COMMAND runs a command you type, or edit {source.name}")
+        try:
+            project.approve(source, command)
+        except OSError as exc:
+            self.error(f"could not remember the approval ({exc.strerror or exc}); it will be asked again")
+        self.run_command(command, tests=True)
 
     @work(group="command", exclusive=True)
     async def run_command(self, command: str, tests: bool) -> None:
@@ -185,7 +200,8 @@ class ChatCommands(SessionCommands):
         self.fixing = self.fix_rounds_left > 0
         if self.fixing:
             self.fix_rounds_left -= 1
-        await self.send(testing.fix_request(*self.last_failure))
+        command, summary = self.last_failure
+        await self.send(testing.fix_request(command, summary, testing.fix_files(self.applied, summary, Path.cwd())))
 
     def reply_ended(self, event) -> None:
         """The fix loop: apply the reply's code where the last /apply wrote, then test again."""

@@ -32,7 +32,8 @@ from termchat.sanitize import inert
 from termchat.session import ChatSession
 from termchat.store import CUT
 from termchat.store import Message as StoredMessage
-from termchat.ui.widgets.message import CodeBlock, MessageView
+from termchat.reply_code import CodeBlock
+from termchat.ui.widgets.message import MessageView
 
 LIVE_EVERY_S = 0.25  # how often the live figures are posted while a reply streams
 
@@ -153,15 +154,17 @@ class ChatView(VerticalScroll):
         cut reply is stored in the conversation it belongs to, before the
         change. Whether a reply was running."""
         ended = False
+        current = self.current  # this call's reply: a newer one begun while it waits is not its to end
         for worker in self._reply_workers():
             if not worker.is_finished:
                 ended = True
                 if not worker.is_cancelled:  # once: a second cancel would cut its own ending short
                     worker.cancel()
                 await wait_for_worker(worker)
-        if self.current is not None:
-            view, turn = self.current
-            self.current = None
+        if current is not None:
+            view, turn = current
+            if self.current is current:
+                self.current = None
             if not turn.ended:  # cancelled before its worker ran a line: end it here
                 ended = True
                 turn.end(CUT, None)

@@ -8,10 +8,6 @@ it (measured: ~2,100 vs ~5 chunks/s, NOTES-vllm-cpu.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from pygments.lexers import get_lexer_by_name
-from pygments.util import ClassNotFound
 from textual.containers import Vertical
 from textual.content import Content
 from textual.highlight import HighlightTheme, highlight
@@ -19,26 +15,8 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownFence
 
 from termchat.engine.stats import ReplyStats, Step
-from termchat.sanitize import Sanitizer, clean_code, inert
-
-
-@dataclass(frozen=True)
-class CodeBlock:
-    language: str
-    code: str
-    warning: str  # "" or what was hidden in the reply (escape sequences, bidi...)
-
-    @property
-    def extension(self) -> str:
-        """The file extension pygments knows for the language ("txt" if none)."""
-        try:
-            patterns = get_lexer_by_name(self.language).filenames if self.language else []
-        except ClassNotFound:
-            patterns = []
-        return next((p[2:] for p in patterns if p.startswith("*.") and "*" not in p[2:]), "txt")
-
-    def first_line(self, width: int = 40) -> str:
-        return self.code.strip().splitlines()[0][:width] if self.code.strip() else ""
+from termchat.reply_code import CodeBlock, code_blocks
+from termchat.sanitize import Sanitizer, inert
 
 
 class ThemedFence(MarkdownFence):
@@ -122,13 +100,12 @@ class MessageView(Vertical):
             footer.add_class(note_class)
 
     def code_blocks(self) -> list[CodeBlock]:
-        """Every fenced block of this reply, as the screen shows it (the fences
-        hold the sanitized code and its language)."""
-        body = self.query(ChatMarkdown)
-        if self.role != "assistant" or not body:  # not composed yet (mounted a moment ago), or removed
+        """Every code block of this reply, from its raw text (reply_code.py):
+        the fences on screen hold the inert copy, with marks in place of
+        invisible characters."""
+        if self.role != "assistant":
             return []
-        warning = clean_code(self.text)[1]
-        return [CodeBlock(fence.lexer or "", fence.code if fence.code.endswith("\n") else fence.code + "\n", warning) for fence in body.first().query(MarkdownFence)]
+        return code_blocks(self.text)
 
     def show_tint(self, on: bool, last_token_text) -> None:  # assistant messages only
         """Tint the text that came from accepted drafts.

@@ -1,0 +1,60 @@
+"""vLLM's OpenAI server, started only if its final arguments leave where and
+how it listens as termchat set them.
+
+A profile's `engine_args` become command-line flags, and vLLM's parser
+accepts more than their key names show: `"host=0.0.0.0" = true` becomes
+`--host=0.0.0.0`, `hos = "0.0.0.0"` an abbreviation of `--host`, and a
+repeated `--port` overrides the first. So the check is vLLM's own parser on
+the final argument list, in the engine process itself (which parses them
+anyway: no extra start-up time): termchat passes what it set (loopback, its
+port, no socket file, its random key in the environment, its model) in
+TERMCHAT_ENGINE_OWNS, and any difference ends the start with one line
+naming the flag to remove.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+OWNS_ENV = "TERMCHAT_ENGINE_OWNS"
+# where and how the server listens, and what it serves: termchat's, never a profile's
+OWNED = ("host", "port", "uds", "api_key", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "root_path", "headless", "model", "served_model_name")
+
+
+def parser():
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
+
+
+def owned_values(argv: list[str], parse=None) -> dict:
+    """What vLLM's parser makes of `argv` for the settings termchat owns."""
+    args = (parse or parser()).parse_args(argv)
+    return {name: getattr(args, name, None) for name in OWNED}
+
+
+def violations(argv: list[str], expected: dict, parse=None) -> list[str]:
+    """The owned settings `argv` changes, in words ("" none)."""
+    got = owned_values(argv, parse)
+    return [f"{name} would be {got[name]!r}, not {expected.get(name)!r}" for name in OWNED if got[name] != expected.get(name)]
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    expected = json.loads(os.environ.get(OWNS_ENV) or "{}")
+    if expected:
+        wrong = violations(argv, expected)
+        if wrong:
+            print(f"termchat: the profile's engine_args change where or how the engine listens ({'; '.join(wrong)}); "
+                  "termchat sets these itself (127.0.0.1, a free port, a random API key). Remove those engine_args; for an engine elsewhere, use `endpoint`.", file=sys.stderr, flush=True)
+            sys.exit(2)
+    from vllm.entrypoints.launchers.api_server.entry import main as serve
+
+    serve()
+
+
+if __name__ == "__main__":
+    main()

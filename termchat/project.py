@@ -1,0 +1,98 @@
+"""The project the user works in: its root, its `.termchat.toml`, and which of
+its commands the user has approved.
+
+The root is the git work tree's top folder, else the current folder. Only
+the root's `.termchat.toml` is read: a file planted in a parent folder (say
+`/tmp/.termchat.toml`, writable by every local user) is not the project's.
+A `test_command` from that file came with the repository, not from the user,
+so it runs only once the user has seen it and said yes; the approval is kept
+per file and command (as direnv keeps `.envrc` approvals) in the private
+state folder, and asked again when either changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+
+from termchat import paths
+from termchat.errors import UserError
+from termchat.files import write_atomically
+from termchat.sanitize import inert
+
+PROJECT_FILE = ".termchat.toml"
+
+
+def root(cwd: Path) -> Path:
+    """The git work tree's root above (or at) `cwd`, else `cwd` itself."""
+    cwd = cwd.resolve()
+    for folder in (cwd, *cwd.parents):
+        if (folder / ".git").exists():
+            return folder
+    return cwd
+
+
+def test_command(cwd: Path) -> tuple[str, Path] | None:
+    """`test_command` from the project root's `.termchat.toml`, and that file."""
+    file = root(cwd) / PROJECT_FILE
+    if not file.is_file():
+        return None
+    try:
+        value = tomllib.loads(file.read_text(encoding="utf-8")).get("test_command")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UserError(f"{file}: {exc}; fix the file (test_command = \"...\")") from None
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise UserError(f"{file}: test_command must be a non-empty string")
+    return value, file
+
+
+def interpreter(folder: Path) -> str:
+    """The project's own Python: its `.venv` or `venv`, else the one on PATH
+    (bare `pytest` may be another environment's, and does not put the root on
+    sys.path: a module at the root and tests in tests/ fail to import)."""
+    for name in (".venv", "venv"):
+        candidate = folder / name / "bin" / "python"
+        if candidate.is_file():
+            return str(candidate)
+    return shutil.which("python3") or shutil.which("python") or sys.executable
+
+
+# ---- approvals ----------------------------------------------------------------------------
+
+
+def _approvals_file() -> Path:
+    return paths.state_dir() / "approved-commands.json"
+
+
+def _key(file: Path, command: str) -> str:
+    return hashlib.sha256(f"{file.resolve()}\0{command}".encode()).hexdigest()
+
+
+def _approvals() -> set[str]:
+    try:
+        value = json.loads(_approvals_file().read_text())
+    except (OSError, ValueError):
+        return set()
+    return {key for key in value if isinstance(key, str)} if isinstance(value, list) else set()
+
+
+def approved(file: Path, command: str) -> bool:
+    """Has the user said yes to running `command` from `file`, as it is now?"""
+    return _key(file, command) in _approvals()
+
+
+def approve(file: Path, command: str) -> None:
+    paths.private_dir(paths.state_dir())
+    keys = sorted(_approvals() | {_key(file, command)})
+    write_atomically(_approvals_file(), json.dumps(keys), 0o600)
+
+
+def approval_question(file: Path, command: str) -> str:
+    """What the user is asked (the command is the file's text: shown inert)."""
+    return f"{inert(str(file))} asks to run its test command:\n\n    {inert(command)}\n\nIt came with the project, not from you. Run it (now and until it changes)?"
