@@ -112,7 +112,18 @@ def fix_files(applied: list[Path], summary: str, cwd: Path) -> list[str]:
     if applied:
         return [os.path.relpath(path, cwd) for path in applied]
     found = dict.fromkeys(m.group(1) for m in re.finditer(r"(?:^|\s)([\w./-]+\.py):\d+", summary))
-    return [name for name in found if not Path(name).name.startswith("test_") and "tests" not in Path(name).parts]
+    tests = [name for name in found if Path(name).name.startswith("test_") or "tests" in Path(name).parts]
+    files = [name for name in found if name not in tests]
+    for name in tests:  # the project's modules the failing tests import (`from prime import is_prime`)
+        try:
+            text = (cwd / name).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for module in re.findall(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", text, re.M):
+            candidate = (module[0] or module[1]).replace(".", "/") + ".py"
+            if (cwd / candidate).is_file() and candidate not in files:
+                files.append(candidate)
+    return files
 
 
 def fix_rounds(arg: str) -> int:

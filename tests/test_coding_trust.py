@@ -349,6 +349,15 @@ async def test_tests_of_a_module_at_the_root_import_it(tmp_path):
     assert run.exit_code == 0, output
 
 
+def test_the_fix_request_names_the_module_the_failing_test_imports(tmp_path):
+    # seen in tmux: a failure inside the test names only tests/test_prime.py
+    (tmp_path / "prime.py").write_text(ROOT_MODULE)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_prime.py").write_text(ROOT_TEST)
+    summary = "- FAILED tests/test_prime.py::test_seven\n    assert False\n    at tests/test_prime.py:5"
+    assert testing.fix_files([], summary, tmp_path) == ["prime.py"]
+
+
 def test_the_fix_request_names_the_files_at_hand():
     # was: the default model copied `# calc.py` from the request's example
     summary = "- FAILED tests/test_prime.py::test_seven\n    assert False\n    at tests/test_prime.py:5\n    at prime.py:2"
