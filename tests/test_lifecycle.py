@@ -151,7 +151,7 @@ async def test_a_second_prompt_while_the_engine_starts_is_refused_and_kept_in_th
         app = pilot.app
         await act(pilot, "type", "first")
         await act(pilot, "type", "second")
-        await wait_for(pilot, lambda: app.chat_screen.query_one(PromptArea).text == "second", timeout=5, what="the refused prompt back in the box")
+        await wait_for(pilot, lambda: app.chat_screen.query_one(PromptArea).text == "second", timeout=5, what=f"the refused prompt back in the box {app.chat_screen.query_one(PromptArea).text!r} {app.chat_screen.pending} {[(v.role, v.text[:20]) for v in app.chat_screen.query(MessageView)]} {app.focused} {app.screen}")
         await wait_for(pilot, lambda: len(app.endpoint.requests) == 1, timeout=10, what="the first prompt sent")
         await settled(pilot)
         assert app.endpoint.requests[0][-1]["content"] == "first" and invariants(app) == ""

@@ -286,11 +286,12 @@ async def act(pilot, kind: str, what: str) -> None:
     only until the screen has taken the events (a hang if it never does)."""
     app = pilot.app
     if kind == "type":
-        focused = app.focused
-        if isinstance(focused, TextArea):
-            focused.insert(what)
-        elif isinstance(focused, Input):
-            focused.insert_text_at_cursor(what)
+        # typed text is key events too, in the same queue as the Enter after it: inserted
+        # directly, a second text could land before the first one's Enter was taken
+        # ("first" + "second" sent as "firstsecond")
+        if isinstance(app.focused, (TextArea, Input)):
+            for char in what:
+                app._driver.send_message(key_event(app, char))
         what = "enter"
     app._driver.send_message(key_event(app, what))
     if not await pilot._wait_for_screen(ACTION_TIMEOUT_S):
