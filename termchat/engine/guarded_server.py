@@ -19,13 +19,22 @@ import os
 import sys
 
 OWNS_ENV = "TERMCHAT_ENGINE_OWNS"
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 # where and how the server listens, and what it serves: termchat's, never a profile's
 OWNED = ("host", "port", "uds", "api_key", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "root_path", "headless", "model", "served_model_name")
 
 
 def parser():
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    """vLLM's own server parser (its module moved between releases: the CPU
+    build's 0.32 has it under launchers/, older ones under openai/)."""
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
 
     return make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
 
@@ -51,8 +60,13 @@ def main() -> None:
             print(f"termchat: the profile's engine_args change where or how the engine listens ({'; '.join(wrong)}); "
                   "termchat sets these itself (127.0.0.1, a free port, a random API key). Remove those engine_args; for an engine elsewhere, use `endpoint`.", file=sys.stderr, flush=True)
             sys.exit(2)
-    from vllm.entrypoints.launchers.api_server.entry import main as serve
+    try:
+        from vllm.entrypoints.launchers.api_server.entry import main as serve
+    except ImportError:  # a release without launchers/: its server module, run as a script
+        import runpy
 
+        runpy.run_module(VLLM_SERVER, run_name="__main__", alter_sys=True)
+        return
     serve()
 
 
