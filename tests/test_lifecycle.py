@@ -272,8 +272,9 @@ async def test_quitting_while_a_reply_streams_stores_it_as_cut(tmp_path):
 # twelve random sequences, and the seeds that found the last defects (replayed alone, each
 # failed before its fix): 10680 a profile picked as Ctrl+Q lands (a worker ran while the
 # screens came down), 10791 a second Enter on the palette's theme list (Textual's own palette
-# popped the chat screen), 10410 and 10518 Ctrl+Q with a picker or a diff open
-CI_SEEDS = [*range(12), 10680, 10791, 10410, 10518]  # about 3-10 s each on a 2-core machine
+# popped the chat screen), 10410 and 10518 Ctrl+Q with a picker or a diff open, 20220
+# and 20298 Enter on the palette while its search worker ran (NoMatches 'CommandList')
+CI_SEEDS = [*range(12), 10680, 10791, 10410, 10518, 20220, 20298]  # about 3-10 s each on a 2-core machine
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)

@@ -253,7 +253,8 @@ async def run_sequence(seed: int, actions: int = 40, verbose: bool = False) -> R
                             await asyncio.wait_for(quiet(pilot), SETTLE_TIMEOUT_S)
                         except TimeoutError:
                             raise Hang(f"still running {SETTLE_TIMEOUT_S:.0f} s after the last action: {', '.join(running(app))}; screen {type(app.screen).__name__}; engine {app.engines.state}; status {app.chat_screen.query_one('#status').info.engine}; panel {app.chat_screen.panel.display} {app.chat_screen.query_one('#engine-status').render()}") from None
-                        problem = check_screen(app)
+                        # not once the app quits: its screen is being taken down (the store is checked below)
+                        problem = check_screen(app) if app.return_code is None else ""
                         if problem:
                             result.problem, result.detail = "invariant", problem
         except Hang as exc:

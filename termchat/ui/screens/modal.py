@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from textual.await_complete import AwaitComplete
-from textual.command import CommandPalette
+from textual.command import CommandList, CommandPalette
 from textual.screen import ModalScreen
 
 T = TypeVar("T")
@@ -32,4 +32,14 @@ class Modal(DismissOnce, ModalScreen[T]):
 
 
 class Palette(DismissOnce, CommandPalette):
-    pass
+    """Its search runs in a worker per keystroke; one still running as Enter
+    dismissed the palette queried the removed list (NoMatches 'CommandList',
+    the monkey once keys were typed one by one)."""
+
+    def dismiss(self, result=None) -> AwaitComplete:
+        self._cancel_gather_commands()
+        return super().dismiss(result)
+
+    def _watch__list_visible(self) -> None:
+        if self.query(CommandList) and self.query("#--input"):
+            super()._watch__list_visible()
