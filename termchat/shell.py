@@ -122,6 +122,7 @@ class CommandRun:
         exited = asyncio.ensure_future(self._exited())
         stopped = asyncio.ensure_future(self._stopped.wait())
         read = None
+        eof = False  # the output closed: nobody holds it, nothing to look for in /proc
         column = 0  # characters since the last newline
         try:
             while True:
@@ -133,6 +134,7 @@ class CommandRun:
                 if read.done():
                     data, read = read.result(), None
                     if not data:
+                        eof = True
                         break
                     text, column = fold(clean.feed(data.decode("utf-8", "replace")), column)
                     self.output = (self.output + text)[-KEEP_CHARS:]
@@ -157,7 +159,7 @@ class CommandRun:
             except TimeoutError:  # killed, yet not reaped: say so rather than wait
                 exited.cancel()
                 self.exit_code = self._process.returncode
-            self.left_running = holders(self._process)
+            self.left_running = [] if eof else holders(self._process)
             transport = getattr(self._process, "_transport", None)
             if transport is not None:
                 transport.close()  # our end of the pipe: a process left holding it gets EPIPE
