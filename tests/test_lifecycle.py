@@ -267,6 +267,21 @@ async def test_quitting_while_a_reply_streams_stores_it_as_cut(tmp_path):
     assert [(m.role, m.status) for m in messages] == [("user", "complete"), ("assistant", "cut")]
 
 
+async def test_a_prompt_that_waited_while_ctrl_q_settled_is_not_sent(tmp_path):
+    # the monkey, seed 10791 under load: a prompt waiting for the screen's lock while Ctrl+Q
+    # settled began a turn once it had the lock; quit cancelled its worker before it ran a
+    # line, and its reply stayed stored as `streaming`
+    async with chat(tmp_path) as pilot:
+        app, screen = pilot.app, pilot.app.chat_screen
+        async with screen.changing:  # as the quit's settle holds it
+            app.quitting = True
+            waiting = asyncio.create_task(screen.send("one more thing"))
+            await asyncio.sleep(0.05)
+        await waiting
+        assert app.endpoint.requests == [] and app.session.conversation.messages == []
+        app.exit()
+
+
 # ---- the monkey itself, in CI ---------------------------------------------------------------
 
 # twelve random sequences, and the seeds that found the last defects (replayed alone, each

@@ -137,6 +137,8 @@ class TermchatApp(App):
                     await wait_for_worker(worker)
         except TimeoutError:
             pass
+        if screen.is_attached:
+            screen.chat.abandon()
         self.exit()
 
     def action_command_palette(self) -> None:

@@ -163,7 +163,7 @@ class ChatScreen(ChatCommands, Screen):
         self.status(engine=EngineState.READY, engine_detail="")
         self.panel.display = False
         async with self.changing:
-            if self.pending is not None and self.engines.ready:
+            if self.pending is not None and self.engines.ready and not self.app.quitting:
                 view, prompt, choice = self.pending
                 self.pending = None
                 self.chat.stream_reply(view, self.engines.engine, prompt, choice)
@@ -218,6 +218,8 @@ class ChatScreen(ChatCommands, Screen):
             await self._send(text)
 
     async def _send(self, text: str) -> None:  # with self.changing held
+        if self.app.quitting:  # a prompt that waited for the lock while Ctrl+Q settled: nothing more is sent
+            return
         if self.pending is not None:
             self.put_back(text)
             self.error("a prompt is already waiting for the engine; this one is back in the prompt box (Escape withdraws the waiting one)")

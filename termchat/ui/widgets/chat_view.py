@@ -174,6 +174,12 @@ class ChatView(VerticalScroll):
                 self.post_message(ReplyEnded(turn, "cut", None))
         return ended
 
+    def abandon(self) -> None:
+        """On quit, after the workers were cancelled: a turn whose worker never
+        ran a line is stored as cut, not left `streaming`."""
+        if self.current is not None and not self.current[1].ended:
+            self.current[1].end(CUT, None)
+
     def stream_reply(self, view: MessageView, engine: Engine, prompt: str, choice: TemperatureChoice) -> None:
         """Send `prompt` and stream its reply into `view`.
 
@@ -198,8 +204,8 @@ class ChatView(VerticalScroll):
 
         async def on_step(step: Step) -> None:
             nonlocal shown
+            steps.append(step)  # first: a cut during the view's await must still count this step
             await view.append(step)
-            steps.append(step)
             if len(steps) == 1 or step.at - shown > LIVE_EVERY_S:
                 shown = step.at
                 self.post_message(ReplyProgress(turn, live()))
