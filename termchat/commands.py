@@ -36,6 +36,7 @@ class Command:
 COMMANDS: tuple[Command, ...] = (
     Command("/profile", "[NAME]", "switch to another profile (stops the old engine first); no name: list them"),
     Command("/temp", "X", "use temperature X for the next message only"),
+    Command("/set", "[KEY VALUE]", "change a sampling value for this session (repetition_penalty 1.1, top_k 40, stop \"###\"...); KEY off: the profile's; none: list them"),
     Command("/system", "[TEXT]", "set this conversation's system prompt (none: back to the profile's)"),
     Command("/file", "PATH", "attach a text file to the next message, in a fenced block"),
     Command("/apply", "[N] PATH", "write code block N (default: the last) to PATH: a diff first, written on confirmation; a patch is applied"),
@@ -86,6 +87,9 @@ class SessionCommands:
 
     async def do_temp(self, arg: str) -> None:
         self.say(self.session.set_temperature(arg))
+
+    async def do_set(self, arg: str) -> None:
+        self.say(self.session.set_knob(arg))
 
     async def do_system(self, arg: str) -> None:
         self.say(self.session.set_system(arg))

@@ -76,13 +76,14 @@ class Turn:
     choice: TemperatureChoice
     user_id: int | None  # the stored prompt's row (None when not stored)
     request: list[dict]  # what is sent: the conversation up to this prompt
+    knobs: dict  # the session's `/set` sampling values, over the profile's
     ended: bool = False
 
     @classmethod
-    def begin(cls, conversation: Conversation, recorder: Recorder, prompt: str, profile: Profile, choice: TemperatureChoice) -> Turn:
+    def begin(cls, conversation: Conversation, recorder: Recorder, prompt: str, profile: Profile, choice: TemperatureChoice, knobs: dict | None = None) -> Turn:
         recorder.user(prompt, profile)
         conversation.add("user", prompt, recorder.last_user_id)
-        return cls(conversation, recorder, recorder.writer(profile, choice), choice, recorder.last_user_id, conversation.request(profile))
+        return cls(conversation, recorder, recorder.writer(profile, choice), choice, recorder.last_user_id, conversation.request(profile), dict(knobs or {}))
 
     def end(self, status: str, stats: ReplyStats | None) -> None:
         if self.ended:
@@ -105,10 +106,11 @@ async def exchange(
     on_step: Callable[[Step], Awaitable[None] | None],
     max_tokens: int | None = None,
     seed: int | None = None,
+    knobs: dict | None = None,
 ) -> Outcome:
     """Send `prompt` (already chosen its temperature), stream, store. Raises
     CancelledError (reply cut) and ReplyInterrupted (engine gone) after storing."""
-    turn = Turn.begin(conversation, recorder, prompt, profile, choice)
+    turn = Turn.begin(conversation, recorder, prompt, profile, choice, knobs)
     return await stream_turn(engine, profile, turn, on_step, max_tokens, seed)
 
 
@@ -121,7 +123,10 @@ async def stream_turn(
     seed: int | None = None,
 ) -> Outcome:
     """Stream a begun turn's reply and end the turn (see `exchange`)."""
-    sampling = Sampling(temperature=turn.choice.value, top_p=profile.top_p, max_tokens=max_tokens or profile.max_tokens, seed=seed)
+    knobs = profile.sampling(turn.knobs)
+    knobs["max_tokens"] = max_tokens or knobs["max_tokens"]
+    knobs["seed"] = seed if seed is not None else knobs["seed"]
+    sampling = Sampling(temperature=turn.choice.value, **knobs)
     stream = ChatStream(engine, turn.request, sampling)
     try:
         async for step in stream:

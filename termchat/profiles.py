@@ -71,6 +71,14 @@ class Profile:
     code_temperature: float = _key(0.2, "a number", low=0.0, high=2.0)
     top_p: float = _key(1.0, "a number", low=0.0, high=1.0, above=True)
     max_tokens: int = _key(1024, "an integer", low=1, high=1 << 30)
+    # more sampling knobs (SAMPLING_KNOBS), sent to the server only when set: its defaults otherwise
+    top_k: int | None = _key(None, "an integer", low=1, high=1 << 20)
+    min_p: float | None = _key(None, "a number", low=0.0, high=1.0)
+    repetition_penalty: float | None = _key(None, "a number (1.0: none; above 1 discourages repeating)", low=0.0, high=2.0, above=True)
+    presence_penalty: float | None = _key(None, "a number", low=-2.0, high=2.0)
+    frequency_penalty: float | None = _key(None, "a number", low=-2.0, high=2.0)
+    stop: tuple[str, ...] = _key((), "a list of strings", types=(list,))
+    seed: int | None = _key(None, "an integer", low=0, high=(1 << 63) - 1)
     system_prompt: str = _key("")
     endpoint: str | None = _key(None, "a URL such as 'http://gpu-box:8000/v1'")
     api_key_env: str | None = _key(None, "the name of an environment variable")
@@ -95,6 +103,11 @@ class Profile:
     def is_remote(self) -> bool:
         return bool(self.endpoint)
 
+    def sampling(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The sampling settings a request carries (engine.client.Sampling's
+        fields), with a session's `/set` values over the profile's."""
+        return {key: getattr(self, key) for key in SESSION_KEYS} | (overrides or {})
+
     def without_speculation(self) -> Profile:
         """The same engine settings with speculation off (for bench baselines)."""
         return replace(self, name=f"{self.name}-nospec", speculative=None)
@@ -115,6 +128,45 @@ PROFILE_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 PROFILE_KEYS.update({key: ((str,), "a string") if key == "speculative_model" else ((int,), "an integer") for key in LEGACY_KEYS})  # vLLM 0.8 spelling
 RANGES = {f.name: f.metadata["range"] for f in fields(Profile) if f.metadata and f.metadata["range"]}
+SAMPLING_KNOBS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed")
+SESSION_KEYS = ("top_p", "max_tokens", *SAMPLING_KNOBS)  # what `/set` may change for a session
+
+
+def check_value(key: str, value: Any) -> tuple[Any, str | None]:
+    """A profile key's value as the profile holds it, or the message saying
+    why it cannot be (its type and range; the file's words and `/set`'s)."""
+    accepted, described = PROFILE_KEYS[key]
+    if not speculation.is_toml_type(value, accepted):
+        return None, f"must be {described}, not {type(value).__name__} {value!r}"
+    if key in RANGES:
+        low, high, above = RANGES[key]
+        if not ((low < value if above else low <= value) and value <= high):
+            shown = lambda x: f"{x:g}" if isinstance(x, float) else str(x)  # noqa: E731
+            return None, f"{value} is out of range {'(' if above else '['}{shown(low)}, {shown(high)}]"
+    if key == "stop":
+        if not all(isinstance(item, str) and item for item in value):
+            return None, "must be a list of non-empty strings, such as [\"###\", \"\\nUser:\"]"
+        return tuple(value), None
+    return value, None
+
+
+def parse_session_value(key: str, text: str) -> Any:
+    """`/set KEY VALUE`: the value written as in a profile (1.1, \"###\",
+    [\"a\", \"b\"]), checked as a profile's; a UserError otherwise."""
+    if key not in SESSION_KEYS:
+        raise UserError(f"/set cannot change '{key}'{_suggest(key, SESSION_KEYS)}; it can: {', '.join(SESSION_KEYS)}")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        if key != "stop":
+            raise UserError(f"/set {key} takes {PROFILE_KEYS[key][1]}, as in a profile; not {text!r}") from None
+        value = [text]  # a bare word: one stop string
+    if key == "stop" and isinstance(value, str):
+        value = [value]
+    value, message = check_value(key, value)
+    if message:
+        raise UserError(f"/set {key}: {message}")
+    return value
 
 
 # The CPU engine every built-in profile shares: float32 and both cores
@@ -238,20 +290,11 @@ def _parse_profile(name: str, table: dict, file: str, problem) -> Profile | None
         if key not in PROFILE_KEYS:
             bad(key, f"unknown key{_suggest(key, PROFILE_KEYS)}")
             continue
-        accepted, described = PROFILE_KEYS[key]
-        if not speculation.is_toml_type(value, accepted):
-            bad(key, f"must be {described}, not {type(value).__name__} {value!r}")
+        value, message = check_value(key, value)
+        if message:
+            bad(key, message)
             continue
         values[key] = value
-
-    for key, (low, high, above) in RANGES.items():
-        if key in values:
-            v = values[key]
-            ok = (low < v if above else low <= v) and v <= high
-            if not ok:
-                lo = "(" if above else "["
-                bad(key, f"{v} is out of range {lo}{low:g}, {high:g}]")
-                values.pop(key)
 
     spec = speculation.parse(values.get("speculative") or {}, {k: values[k] for k in LEGACY_KEYS if k in values}, lambda key, message, sub: bad(key, message, f"{where}.{sub}" if sub else where), _suggest)
 

@@ -185,7 +185,7 @@ class Repl(SessionCommands):
         recorder = owner.recorder
         self.say(f"[{choice.label()}]")
         printer = ReplyPrinter(self.write, self.color)
-        outcome = await self._interruptible(exchange(self.engines.engine, self.session.profile, owner.conversation, text, choice, recorder, lambda step: printer.feed(step.text)))
+        outcome = await self._interruptible(exchange(self.engines.engine, self.session.profile, owner.conversation, text, choice, recorder, lambda step: printer.feed(step.text), knobs=self.session.knobs))
         printer.close()
         if isinstance(outcome, BaseException):
             if isinstance(outcome, ReplyInterrupted):

@@ -32,7 +32,7 @@ from termchat.attach import fenced_file
 from termchat.conversation import Conversation, TemperatureChoice, parse_temperature
 from termchat.errors import UserError
 from termchat.exchange import Recorder
-from termchat.profiles import Config, Profile
+from termchat.profiles import SESSION_KEYS, Config, Profile, parse_session_value
 from termchat.store import Message, Store, StoreError
 
 
@@ -52,6 +52,7 @@ class ChatSession:
         self.store_failed = False
         self.conversation = Conversation()
         self.recorder: Recorder | None = None  # None: the next prompt starts a stored conversation
+        self.knobs: dict = {}  # `/set KEY VALUE`: sampling values over any profile's, for this session
 
     def open_store(self) -> str | None:
         """Open the history database if needed; the message to show once if it cannot be."""
@@ -83,6 +84,25 @@ class ChatSession:
     def set_temperature(self, arg: str) -> str:
         self.conversation.forced_temperature = parse_temperature(arg)
         return f"the next message uses temperature {self.conversation.forced_temperature:g}"
+
+    def set_knob(self, arg: str) -> str:
+        """`/set`: list the sampling values; `/set KEY VALUE` changes one for
+        this session (over every profile); `/set KEY off` goes back to the profile's."""
+        key, _, text = arg.strip().partition(" ")
+        text = text.strip()
+        if not key:
+            values = self.profile.sampling(self.knobs)
+            shown = lambda key: "server default" if values[key] in (None, ()) else repr(values[key]) if key == "stop" else f"{values[key]:g}" if isinstance(values[key], float) else str(values[key])  # noqa: E731
+            return "sampling: " + ", ".join(f"{key} {shown(key)}{' (set)' if key in self.knobs else ''}" for key in SESSION_KEYS) + ". /set KEY VALUE changes one for this session; /set KEY off goes back to the profile's"
+        if text.lower() in ("off", "default", "none", "reset"):
+            if key not in SESSION_KEYS:
+                parse_session_value(key, "0")  # the message naming what /set can change
+            self.knobs.pop(key, None)
+            return f"{key} is back to the profile's: {getattr(self.profile, key)!r}"
+        if not text:
+            raise UserError(f"/set {key} VALUE, e.g. /set repetition_penalty 1.1; /set {key} off goes back to the profile's")
+        self.knobs[key] = parse_session_value(key, text)
+        return f"{key} = {self.knobs[key]!r} for the rest of this session (every profile)"
 
     def set_system(self, arg: str) -> str:
         self.conversation.system_prompt = arg

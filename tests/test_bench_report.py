@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from termchat.bench import prompts as prompt_sets
@@ -153,3 +155,28 @@ def test_repeated_prompts_are_reported_apart_from_the_first_time():
     samples += [sample("a", "code", False, 20.0, 64, run=r) for r in range(3)]
     (result,) = summarize(samples, 16, 0.0, method="suffix")
     assert result.speedup == pytest.approx(1.5) and result.repeat_speedup == pytest.approx(5.95)
+
+
+def test_a_sharpened_category_fails():
+    """The defect a one-sided check passed (vLLM's temperature read as 0: near-greedy
+    replies, *more* probable than without speculation): the ranks' test sees it."""
+    import numpy as np
+
+    from termchat.verify import stream_row
+
+    from .test_verify import reply
+
+    rng = np.random.default_rng(2)
+
+    def replies(speculative: bool, temperature: float) -> list[Sample]:
+        out = []
+        for i in range(12):
+            stream = reply(rng, f"p{i}", temperature=temperature)
+            # no mean log-probability: the t-test is left out, the ranks' test alone must see it
+            out.append(replace(sample(f"p{i}", "chat", speculative, 20.0, 60, accepted=5, drafted=50, spec_steps=10, temperature=0.7, improbable=0), rank_row=stream_row(stream)))
+        return out
+
+    (broken,) = summarize(replies(True, 0.35) + replies(False, 0.7), 5, 0.0)
+    assert broken.lossless_rank_p < 0.002 and not broken.lossless and "ranks of the sampled tokens" in broken.verdict
+    (sound,) = summarize(replies(True, 0.7) + replies(False, 0.7), 5, 0.0)
+    assert sound.lossless_rank_p > 0.002 and sound.lossless

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from prompt_toolkit.input import create_pipe_input
@@ -136,3 +137,20 @@ async def test_cd_in_the_repl_moves_where_run_and_test_start(tmp_path, monkeypat
     text = "".join(out)
     assert f"working in {(tmp_path / 'sub').resolve()}" in text and repl.last_run.output.strip() == str((tmp_path / "sub").resolve())
     assert "no folder" in text
+
+
+async def test_set_changes_sampling_for_the_session_and_off_goes_back(shared_engine, tmp_path):
+    """`/set stop WORD` ends the reply before WORD (the engine applies it); `/set stop off` goes back."""
+    ask = "/temp 0\rName three animals and say one thing about each.\r"
+    text, repl = await run_repl(ask + "\x04", tmp_path / "history")
+    (full,) = [m.content for m in Store().messages(repl.session.conversation_id) if m.role == "assistant"]
+    words = full.split()
+    word = words[len(words) // 2]  # a word from the middle of the greedy reply
+    keys = f"/set stop {json.dumps(word)}\r" + ask + "/clear\r/set stop off\r" + ask + "/set\r/set top_k 0\r\x04"
+    text, repl = await run_repl(keys, tmp_path / "history")
+    conversations = Store().conversations(limit=2)  # /clear started a second one
+    replies = [m.content for c in reversed(conversations) for m in Store().messages(c.id) if m.role == "assistant"]
+    assert replies == [full[: full.index(word)], full], (word, replies)
+    assert f"stop = ({word!r},) for the rest of this session" in text and "stop is back to the profile's" in text
+    assert "sampling: top_p 0.95, max_tokens 512, top_k server default" in text
+    assert "/set top_k: 0 is out of range [1, 1048576]" in text and repl.session.knobs == {}

@@ -61,14 +61,29 @@ def test_greedy_output_is_identical_with_and_without_speculation(shared_engine, 
 
 @pytest.mark.parametrize("method", ["suffix", "ngram"])
 def test_speculation_at_temperature_0_7_samples_what_the_model_samples_without_it(method, request, without_speculation):
-    """Mean log-probability of the sampled tokens, 16 replies each side (verify.py
-    says why |t| <= 4.5 gives a false alarm less than once in a thousand runs;
-    the 0.32.0 defect gave t = -7.8 with 12 replies)."""
+    """The two-sided test of verify.py on 16 replies a side (its false alarms and
+    power against simulated defects: `python -m termchat.bench.lossless_power`)."""
     engine = request.getfixturevalue("shared_engine" if method == "suffix" else "ngram_engine")
     assert engine.profile.method == method
     spec = asyncio.run(verify.collect(engine, range(8)))
     checks = {c.name: c for c in verify.compare(spec, without_speculation)}
     assert checks["drafts proposed"].passed, checks["drafts proposed"].detail  # else the check has no power
+    assert checks["sampled at T=0.7"].passed, checks["sampled at T=0.7"].detail
+    assert checks["greedy"].passed
+
+
+PENALTIES = {"repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": 0.5}
+
+
+def test_speculation_with_penalties_at_temperature_0_7_samples_what_the_model_samples_without_it(shared_engine, nospec_engine, without_speculation):
+    """vLLM's rejection sampler applies the penalties to the target's logits
+    of every drafted position; this checks that it does so as plain decoding
+    does (16 replies a side, the same two-sided test)."""
+    base = asyncio.run(verify.collect(nospec_engine, range(8), **PENALTIES))
+    spec = asyncio.run(verify.collect(shared_engine, range(8), **PENALTIES))
+    assert base.greedy != without_speculation.greedy  # the penalties reached the sampler
+    checks = {c.name: c for c in verify.compare(spec, base)}
+    assert checks["drafts proposed"].passed, checks["drafts proposed"].detail
     assert checks["sampled at T=0.7"].passed, checks["sampled at T=0.7"].detail
     assert checks["greedy"].passed
 

@@ -13,9 +13,11 @@ Pure functions on recorded samples, so they are tested on fixed numbers.
 - ideal speed-up: (1 - a^(k+1)) / ((1 - a)(k*c + 1)), a = acceptance,
   k = speculative tokens, c = a draft step's cost relative to a target step;
 - lossless: at T > 0, the checks of `termchat doctor --verify` on the bench's
-  own replies: the mean log-probability of the sampled tokens with and
-  without speculation (Welch's t), and the share of improbable tokens
-  (log-probability below -6; a one-sided binomial tail). A category where
+  own replies: the two-sided test of the sampled tokens' ranks and mid-PITs
+  (verify.lossless_test, shuffling within each prompt), the mean
+  log-probability of the sampled tokens with and without speculation
+  (Welch's t), and the share of improbable tokens (log-probability below -6;
+  a one-sided binomial tail). A category where
   speculation changed what was sampled gets no speed-up: it would measure a
   defect, not speculation.
 """
@@ -28,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 from termchat.advisor import ADAPTIVE_METHODS, band
 from termchat.engine.stats import ReplyStats
-from termchat.verify import IMPROBABLE, P_LIMIT, T_LIMIT, binomial_tail, welch_t
+from termchat.verify import ALPHA, IMPROBABLE, P_LIMIT, T_LIMIT, binomial_tail, lossless_test, welch_t
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Sample:
     run: int = 0  # 0: the first time the engine saw this prompt; later runs may hit a proposer's cache
     mean_logprob: float | None = None  # of the sampled tokens, at T > 0
     improbable: int | None = None  # sampled tokens with a log-probability below verify.IMPROBABLE, at T > 0
+    rank_row: list[float] | None = None  # verify.reply_row, at T > 0
 
 
 MIN_REPLIES_FOR_LOSSLESS = 4
@@ -63,6 +66,15 @@ def lossless_tail(spec: list[Sample], base: list[Sample]) -> float | None:
     if not a or not b:
         return None
     return binomial_tail(sum(s.improbable for s in a), sum(s.stats.output_tokens for s in a), sum(s.improbable for s in b), sum(s.stats.output_tokens for s in b))
+
+
+def lossless_rank(spec: list[Sample], base: list[Sample]) -> float | None:
+    """The two-sided test's p (verify.lossless_test; None: too few replies at T > 0)."""
+    a = [s for s in spec if s.rank_row is not None and s.stats.temperature]
+    b = [s for s in base if s.rank_row is not None and s.stats.temperature]
+    if min(len(a), len(b)) < MIN_REPLIES_FOR_LOSSLESS:
+        return None
+    return lossless_test([s.rank_row for s in a], [s.rank_row for s in b], [s.prompt_id for s in a], [s.prompt_id for s in b]).p
 
 
 def count_improbable(logprobs: list[float]) -> int:
@@ -127,13 +139,14 @@ class CategoryResult:
     samples: int
     lossless_t: float | None = None  # None: no sampled (T > 0) replies to check
     lossless_p: float | None = None  # the improbable tokens' tail; None: not measured
+    lossless_rank_p: float | None = None  # the two-sided rank / mid-PIT test; None: not measured
     repeat_speedup: float | None = None  # the same prompts asked again (runs after the first)
     tokens_per_step: float | None = None  # output tokens per engine step with speculation
     step_cost: float | None = None  # a speculative step's time over a plain step's
 
     @property
     def lossless(self) -> bool:
-        return (self.lossless_t is None or abs(self.lossless_t) <= T_LIMIT) and (self.lossless_p is None or self.lossless_p >= P_LIMIT)
+        return (self.lossless_t is None or abs(self.lossless_t) <= T_LIMIT) and (self.lossless_p is None or self.lossless_p >= P_LIMIT) and (self.lossless_rank_p is None or self.lossless_rank_p >= ALPHA)
 
     def to_dict(self) -> dict:
         return asdict(self) | {"lossless": self.lossless}
@@ -178,10 +191,15 @@ def summarize(samples: list[Sample], k: int | None, draft_cost: float, method: s
             ideal = per_step
         else:
             ideal = ideal_speedup(acceptance, k, draft_cost) if acceptance is not None and k else None
-        t, p = lossless_t(spec, base), lossless_tail(spec, base)
+        t, p, rank_p = lossless_t(spec, base), lossless_tail(spec, base), lossless_rank(spec, base)
         judged = verdict(acceptance, speedup, method, per_step, cost)
-        if (t is not None and abs(t) > T_LIMIT) or (p is not None and p < P_LIMIT):
-            why = f"t = {t:.1f}" if t is not None and abs(t) > T_LIMIT else f"improbable tokens, chance {p:.1g}"
+        if (t is not None and abs(t) > T_LIMIT) or (p is not None and p < P_LIMIT) or (rank_p is not None and rank_p < ALPHA):
+            if t is not None and abs(t) > T_LIMIT:
+                why = f"t = {t:.1f}"
+            elif p is not None and p < P_LIMIT:
+                why = f"improbable tokens, chance {p:.1g}"
+            else:
+                why = f"ranks of the sampled tokens, chance {rank_p:.1g}"
             judged = f"NOT LOSSLESS: speculation changed what was sampled at T > 0 ({why}); no speed-up to report, run `termchat doctor --verify`"
         results.append(
             CategoryResult(
@@ -199,6 +217,7 @@ def summarize(samples: list[Sample], k: int | None, draft_cost: float, method: s
                 samples=len(spec),
                 lossless_t=t,
                 lossless_p=p,
+                lossless_rank_p=rank_p,
                 repeat_speedup=repeat,
                 tokens_per_step=per_step,
                 step_cost=cost,
@@ -271,20 +290,21 @@ def bar_chart(rows: list[tuple[str, CategoryResult]], width: int = 40) -> str:
 
 def lossless_line(rows: list[tuple[str, CategoryResult]]) -> str:
     """One line on whether speculation kept sampling intact, per row with replies at T > 0."""
-    checked = [(value, r) for value, r in rows if r.lossless_t is not None or r.lossless_p is not None]
+    checked = [(value, r) for value, r in rows if r.lossless_t is not None or r.lossless_p is not None or r.lossless_rank_p is not None]
     if not checked:
         return ""
 
     def cell(value: str, r: CategoryResult) -> str:
         t = f" t={r.lossless_t:.1f}" if r.lossless_t is not None else ""
         p = f" p={r.lossless_p:.2g}" if r.lossless_p is not None else ""
-        return f"{r.category}{' ' + value if value else ''}{t}{p}"
+        rank = f" ranks p={r.lossless_rank_p:.2g}" if r.lossless_rank_p is not None else ""
+        return f"{r.category}{' ' + value if value else ''}{t}{p}{rank}"
 
     cells = ", ".join(cell(value, r) for value, r in checked)
     broken = [r.category for _, r in checked if not r.lossless]
     head = (
         "lossless at T > 0 (sampled tokens with vs without speculation: mean log-probability, Welch's t, "
-        f"|t| <= {T_LIMIT:g}; tokens below {IMPROBABLE:g}, chance p >= {P_LIMIT:g}): "
+        f"|t| <= {T_LIMIT:g}; tokens below {IMPROBABLE:g}, chance p >= {P_LIMIT:g}; ranks and mid-PITs, chance p >= {ALPHA:g}): "
     )
     if broken:
         return head + cells + f"\nWARNING: speculation changed what was sampled in {', '.join(broken)}; those speed-ups are not reported. `termchat doctor --verify --profile NAME` checks the engine."

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from termchat.bench.prompts import BenchPrompt
 from termchat.bench.report import Sample, count_improbable
+from termchat.verify import TOP_LOGPROBS, stream_row
 from termchat.classify import temperature_for
 from termchat.engine.process import ManagedEngine
 from termchat.engine.client import Sampling, complete_sync
@@ -83,7 +84,7 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
         for run in range(runs):
             started = time.monotonic()
             # log-probabilities at T > 0: the report checks from them that speculation sampled what the model samples without it
-            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, top_p=profile.top_p, max_tokens=max_tokens, seed=_seed(prompt, run), logprobs=value > 0))
+            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, **(profile.sampling() | {"max_tokens": max_tokens, "seed": _seed(prompt, run)}), logprobs=value > 0, top_logprobs=TOP_LOGPROBS if value > 0 else 0))
             stats = stream.stats
             progress.request(time.monotonic() - started, f"{label} {prompt.id}")
             if not stats.decode_tokens_per_s:
@@ -97,6 +98,7 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
                     run=run,
                     mean_logprob=sum(stream.token_logprobs) / len(stream.token_logprobs) if stream.token_logprobs else None,
                     improbable=count_improbable(stream.token_logprobs) if stream.token_logprobs else None,
+                    rank_row=stream_row(stream) if stream.token_top else None,
                 )
             )
     return samples

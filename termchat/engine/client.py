@@ -37,7 +37,16 @@ class Sampling:
     max_tokens: int = 512
     seed: int | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: tuple[str, ...] = ()
     logprobs: bool = False  # ask for each sampled token's log-probability (verify, tests)
+    top_logprobs: int = 0  # and the N most probable tokens' at each position (verify's rank test)
+
+    # the knobs sent only when set: the server's own default otherwise
+    OPTIONAL = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
 @dataclass
@@ -48,6 +57,9 @@ class ChatStream:
     text: str = ""
     steps: list[Step] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)  # with Sampling.logprobs
+    # with Sampling.top_logprobs: at each position, the log-probabilities of the
+    # N most probable tokens (the model's raw distribution: vLLM's logprobs_mode)
+    token_top: list[list[float]] = field(default_factory=list)
     stats: ReplyStats | None = None
     started: float | None = None  # when the request was sent
 
@@ -67,13 +79,21 @@ class ChatStream:
             "return_token_ids": True,
             "stream_options": {"include_usage": True},
         }
-        if self.sampling.seed is not None:
-            body["seed"] = self.sampling.seed
-        if self.sampling.top_k is not None:
-            body["top_k"] = self.sampling.top_k
-        if self.sampling.logprobs:
+        for name in Sampling.OPTIONAL:
+            if getattr(self.sampling, name) is not None:
+                body[name] = getattr(self.sampling, name)
+        if self.sampling.stop:
+            body["stop"] = list(self.sampling.stop)
+        if self.sampling.logprobs or self.sampling.top_logprobs:
             body["logprobs"] = True
+        if self.sampling.top_logprobs:
+            body["top_logprobs"] = self.sampling.top_logprobs
         return body
+
+    def token_ranks(self) -> list[int]:
+        """The rank of each sampled token under the model's distribution (1:
+        the most probable; N + 1: outside the N reported), from top_logprobs."""
+        return [1 + sum(top > lp for top in tops) for lp, tops in zip(self.token_logprobs, self.token_top)]
 
     async def __aiter__(self) -> AsyncIterator[Step]:
         if not self.engine.model_name:
@@ -125,6 +145,8 @@ class ChatStream:
                         finish = choice.get("finish_reason") or finish
                         for entry in (choice.get("logprobs") or {}).get("content") or []:
                             self.token_logprobs.append(entry["logprob"])
+                            if self.sampling.top_logprobs:
+                                self.token_top.append(sorted((t["logprob"] for t in entry.get("top_logprobs") or ()), reverse=True))
                         if delta or ids:
                             step = Step(delta, ids, time.monotonic())
                             self.text += delta

@@ -189,7 +189,7 @@ class ChatView(VerticalScroll):
         owner (the conversation and recorder) is captured now and never read
         again from the session."""
         owner = self.session.begin_reply()
-        turn = Turn.begin(owner.conversation, owner.recorder, prompt, self.session.profile, choice)
+        turn = Turn.begin(owner.conversation, owner.recorder, prompt, self.session.profile, choice, self.session.knobs)
         self.current = (view, turn)
         self._stream(view, engine, turn, self.session.profile)
 

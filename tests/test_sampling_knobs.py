@@ -1,0 +1,62 @@
+"""Sampling knobs: declared once on the profile, checked like every key, sent
+only when set (the engine applying them is in test_repl.py and, for
+losslessness with penalties, test_speculation.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from termchat.engine.client import ChatStream, Sampling
+from termchat.profiles import builtin_profiles, parse_config
+from termchat.session import ChatSession
+from termchat.errors import UserError
+
+KNOBS = 'top_k = 40\nmin_p = 0.05\nrepetition_penalty = 1.1\npresence_penalty = 0.5\nfrequency_penalty = -0.5\nstop = ["###", "\\nUser:"]\nseed = 7\n'
+
+
+def body(profile, overrides=None) -> dict:
+    return ChatStream(SimpleNamespace(model_name="m"), [], Sampling(temperature=0.7, **profile.sampling(overrides))).body()
+
+
+def test_a_profile_sends_its_knobs_and_leaves_unset_ones_to_the_server():
+    config, problems = parse_config('[profiles.k]\nmodel = "m"\n' + KNOBS, "c.toml")
+    assert not problems
+    sent = body(config.get("k"))
+    assert {k: sent[k] for k in ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed")} == {
+        "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.5, "stop": ["###", "\nUser:"], "seed": 7,
+    }
+    plain = body(builtin_profiles()["local"])
+    assert not {"top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "seed"} & set(plain)
+
+
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("repetition_penalty = 0", "out of range (0, 2]"),
+        ("presence_penalty = 3", "out of range [-2, 2]"),
+        ("top_k = 0", "out of range [1, 1048576]"),
+        ('stop = "###"', "must be a list of strings"),
+        ('stop = ["a", 1]', "list of non-empty strings"),
+        ("seed = 1.5", "must be an integer"),
+        ("min_p = true", "must be a number"),
+    ],
+)
+def test_a_bad_knob_is_refused_with_its_line(line, words):
+    _, problems = parse_config(f'[profiles.k]\nmodel = "m"\n{line}\n', "c.toml")
+    assert len(problems) == 1 and problems[0].line == 3 and words in problems[0].message, problems
+
+
+def test_set_overrides_the_profile_for_the_session_and_off_goes_back():
+    profiles = builtin_profiles()
+    session = ChatSession(SimpleNamespace(), profiles["local"])
+    session.set_knob("repetition_penalty 1.15")
+    session.set_knob('stop "END"')
+    assert body(profiles["local-ngram"], session.knobs)["repetition_penalty"] == 1.15  # over every profile
+    assert body(profiles["local"], session.knobs)["stop"] == ["END"]
+    session.set_knob("repetition_penalty off")
+    assert "repetition_penalty" not in body(profiles["local"], session.knobs)
+    for bad, words in (("temperature 0.2", "/set cannot change 'temperature'"), ("top_p 0", "out of range (0, 1]"), ("top_k lots", "takes an integer")):
+        with pytest.raises(UserError, match=words.replace("(", r"\(").replace("[", r"\[")):
+            session.set_knob(bad)
