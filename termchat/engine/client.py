@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from termchat.engine import server_counters
 from termchat.engine import stats as stats_mod
 from termchat.engine.endpoint import Engine, EngineError
 from termchat.engine.stats import ReplyStats, Step
@@ -98,6 +99,10 @@ class ChatStream:
     async def __aiter__(self) -> AsyncIterator[Step]:
         if not self.engine.model_name:
             self.engine.model_name = await self.engine.first_model()
+        # a remote vLLM that does not report per reply: its /metrics totals around this reply
+        watch = server_counters.Watch(self.engine) if self.engine.profile.is_remote else None
+        if watch is not None:
+            await watch.start()
         started = self.started = time.monotonic()
         server_metrics = usage = finish = None
         done = False
@@ -136,7 +141,7 @@ class ChatStream:
                     chunk = _chunk(data, self.text)
                     if chunk.get("usage"):
                         usage = chunk["usage"]
-                    metrics = (chunk.get("metrics") or {}).get("speculative_decoding")
+                    metrics = (chunk.get("metrics") or {}).get("speculative_decoding") or reported_drafts(chunk)
                     if metrics:
                         server_metrics = metrics
                     for choice in chunk.get("choices") or []:
@@ -162,6 +167,8 @@ class ChatStream:
             raise ReplyInterrupted(f"the engine at {self.engine.base_url} sent a reply of an unexpected shape ({type(exc).__name__}: {one_line(str(exc), 120)}); the partial reply is kept", self.text) from None
         if not done:
             raise ReplyInterrupted(f"the engine at {self.engine.base_url} closed the stream before the end of the reply; the partial reply is kept", self.text)
+        if server_metrics is None and watch is not None:
+            server_metrics = await watch.result()
         self.stats = stats_mod.compute(
             self.steps,
             started,
@@ -174,6 +181,23 @@ class ChatStream:
 
 
 STALL_S = 120.0  # between two lines of a reply that has started
+
+
+def reported_drafts(chunk: dict) -> dict | None:
+    """A reply's own draft counts where other servers put them: llama.cpp's
+    `timings` (draft_n, draft_n_accepted), LM Studio's `stats` (or `usage`:
+    total_draft_tokens_count, accepted_draft_tokens_count)."""
+    timings = chunk.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("draft_n"), int) and timings["draft_n"] > 0:
+        drafted, accepted = timings["draft_n"], timings.get("draft_n_accepted")
+    else:
+        box = next((b for b in (chunk.get("stats"), chunk.get("usage")) if isinstance(b, dict) and isinstance(b.get("total_draft_tokens_count"), int) and b["total_draft_tokens_count"] > 0), None)
+        if box is None:
+            return None
+        drafted, accepted = box["total_draft_tokens_count"], box.get("accepted_draft_tokens_count")
+    if not isinstance(accepted, int) or not 0 <= accepted <= drafted:
+        return None
+    return {"num_draft_tokens": drafted, "num_accepted_draft_tokens": accepted, "draft_acceptance_rate": accepted / drafted, "source": "server"}
 
 
 def _chunk(data: str, partial: str) -> dict:

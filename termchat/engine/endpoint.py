@@ -71,6 +71,7 @@ class Engine:
     api_key: str | None
     model_name: str
     state: EngineState = EngineState.READY
+    has_counters: bool | None = field(default=None, repr=False, compare=False)  # /metrics with draft counters (server_counters); None: not asked yet
     _client: httpx.AsyncClient | None = field(default=None, init=False, repr=False, compare=False)
     _client_loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False, compare=False)
 

@@ -4,8 +4,11 @@ vLLM streams one chunk per engine step; with `return_token_ids` each chunk
 carries that step's tokens, so a step of n tokens accepted n - 1 drafts (the
 last token of a step is the target's own). When the server was started with
 `--per-request-spec-decode-metrics summary`, the last chunk carries exact
-figures (`metrics.speculative_decoding`): those win. Otherwise the figures are
-derived from step sizes, and `acceptance_source` says so.
+figures (`metrics.speculative_decoding`): those win, as do the per-reply
+counts llama.cpp (`timings.draft_n`) and LM Studio (`stats`) send. A remote
+vLLM without that flag gives its `/metrics` totals (server_counters.py).
+Otherwise the figures are derived from step sizes. `acceptance_source` says
+which: "server", "server total" (or its approximate form), "step sizes".
 
 Decode tokens/s excludes prefill, as the article measures: output tokens after
 the first, over the time after the first token.
@@ -46,7 +49,7 @@ class ReplyStats:
     draft_tokens: int | None = None
     spec_steps: int | None = None  # verification steps that had drafts
     acceptance_histogram: list[int] = field(default_factory=list)  # [j] = steps accepting exactly j drafts
-    acceptance_source: str = "none"  # "server" | "step sizes" | "none"
+    acceptance_source: str = "none"  # "server" | server_counters.EXACT | server_counters.APPROXIMATE | "step sizes" | "none"
     temperature: float | None = None
     finish_reason: str | None = None
 
@@ -133,14 +136,14 @@ def compute(
             stats.decode_tokens_per_s = after_first / stats.decode_s
 
     if server_metrics:
-        stats.acceptance_source = "server"
+        stats.acceptance_source = server_metrics.get("source", "server")
         stats.acceptance_rate = server_metrics.get("draft_acceptance_rate")
         stats.mean_acceptance_length = server_metrics.get("mean_acceptance_length")
         stats.accepted_tokens = server_metrics.get("num_accepted_draft_tokens")
         stats.draft_tokens = server_metrics.get("num_draft_tokens")
         stats.spec_steps = server_metrics.get("num_spec_steps")
         stats.acceptance_histogram = list(server_metrics.get("acceptance_histogram") or [])
-        stats.acceptance_per_position = per_position_from_histogram(stats.acceptance_histogram)
+        stats.acceptance_per_position = per_position_from_histogram(stats.acceptance_histogram) or list(server_metrics.get("per_position") or [])
     elif k and len(token_steps) > 1:
         # Derived: every decode step after the first (prefill) is taken to have
         # proposed k drafts. For draft-model methods that is exact; for ngram,

@@ -18,6 +18,7 @@ from textual.widgets import Sparkline, Static
 
 from termchat.advisor import band
 from termchat.engine.endpoint import EngineState
+from termchat.engine.server_counters import APPROXIMATE
 from termchat.engine.stats import ReplyStats
 from termchat.models import short_name
 from termchat.profiles import Profile
@@ -58,11 +59,13 @@ def render(info: StatusInfo) -> Content:
     level, _ = band(method, r.acceptance_rate, r.tokens_per_step, info.step_cost)
     style = LEVEL_STYLE.get(level, "bold")
     adaptive = bool(p and p.speculative and p.speculative.adaptive)
+    # where the figures come from: ~ from step sizes (while streaming, or a server that
+    # reports nothing), ≈ a server's totals while other requests ran; none: exact
+    mark = "~" if info.live or r.acceptance_source == "step sizes" else "≈" if r.acceptance_source == APPROXIMATE else ""
     if r.acceptance_rate is not None:
-        # while streaming: derived from step sizes (~); after the reply: the server's exact figure
-        parts.append(Content.assemble("acc ~" if info.live else "acc ", (f"{r.acceptance_rate:.0%}", "bold" if adaptive else style)))
+        parts.append(Content.assemble(f"acc {mark}", (f"{r.acceptance_rate:.0%}", "bold" if adaptive else style)))
     if r.mean_acceptance_length is not None:
-        parts.append(Content.assemble("len ~" if info.live else "len ", (f"{r.mean_acceptance_length:.2f}", style if adaptive else "")))
+        parts.append(Content.assemble(f"len {mark}", (f"{r.mean_acceptance_length:.2f}", style if adaptive else "")))
     if r.temperature is not None:
         parts.append(Content(f"T {r.temperature:g}" + (" ↓code" if info.lowered else "")))
     if not info.auto_temperature:

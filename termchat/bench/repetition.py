@@ -1,0 +1,116 @@
+"""Should the built-in profiles set a repetition penalty? Measured, not guessed.
+
+    python -m termchat.bench.repetition [--per-category 6] [--max-tokens 256]
+
+The default model loops (a poem repeating one stanza for 400 tokens; a
+greedy list of colours that ends in "Grey" a hundred times). For the
+built-in bench prompts, at the temperature termchat would pick (0 for code,
+0.7 otherwise), one reply per prompt with each setting; per setting:
+
+- distinct-2: distinct word pairs over all word pairs of a reply (1: no pair
+  repeats), the mean over replies;
+- repeated lines: the share of a reply's non-empty lines that repeat an
+  earlier line of the same reply;
+- looping: replies that ran to the token limit with at least a third of
+  their lines repeated;
+- code that parses: of the code prompts' replies with a ```python block, the
+  share whose blocks all parse (a penalty also discourages the repeats code
+  needs: indentation, names, brackets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import re
+import statistics
+import sys
+import time
+
+from termchat.bench.prompts import builtin
+from termchat.classify import temperature_for
+from termchat.engine.client import Sampling, complete
+from termchat.engine.connect import open_engine
+from termchat.profiles import builtin_profiles
+
+SETTINGS = {
+    "none": {},
+    "repetition_penalty 1.1": {"repetition_penalty": 1.1},
+    "repetition_penalty 1.2": {"repetition_penalty": 1.2},
+    "frequency_penalty 0.5": {"frequency_penalty": 0.5},
+}
+FENCE = re.compile(r"```(?:python|py)\n(.*?)(?:```|\Z)", re.S)
+
+
+def distinct_2(text: str) -> float:
+    words = text.split()
+    pairs = list(zip(words, words[1:]))
+    return len(set(pairs)) / len(pairs) if pairs else 1.0
+
+
+def repeated_lines(text: str) -> float:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (len(lines) - len(set(lines))) / len(lines) if lines else 0.0
+
+
+def parses(text: str) -> bool | None:
+    blocks = FENCE.findall(text)
+    if not blocks:
+        return None
+    try:
+        for block in blocks:
+            ast.parse(block)
+    except SyntaxError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m termchat.bench.repetition", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--per-category", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--profile", default="local-plain", help="a built-in profile (default local-plain: the sampling is the same with speculation)")
+    args = parser.parse_args(argv)
+    profile = builtin_profiles()[args.profile]
+    by_category: dict[str, list] = {}
+    for prompt in builtin():
+        by_category.setdefault(prompt.category, []).append(prompt)
+    prompts = [p for items in by_category.values() for p in items[: args.per_category]]
+    started = time.monotonic()
+    engine = open_engine(profile, progress=lambda line: print(line, file=sys.stderr), attach=False)
+    results: dict[str, list[tuple]] = {}
+    try:
+        for name, knobs in SETTINGS.items():
+            gate = asyncio.Semaphore(4)
+
+            async def one(prompt, knobs=knobs):
+                value, _ = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
+                async with gate:
+                    stream = await complete(engine, [{"role": "system", "content": profile.system_prompt}, {"role": "user", "content": prompt.text}], Sampling(temperature=value, top_p=profile.top_p, max_tokens=args.max_tokens, seed=1, **knobs))
+                return prompt.category, stream.text, stream.stats.finish_reason if stream.stats else None
+
+            async def every():
+                return await asyncio.gather(*(one(p) for p in prompts))
+
+            results[name] = engine.run(every)
+            print(f"{name}: done ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    finally:
+        engine.stop()
+    print(f"{len(prompts)} built-in prompts ({args.per_category} per category), one reply each per setting, up to {args.max_tokens} tokens, T = 0 for code and {profile.temperature:g} otherwise, profile {profile.name}\n")
+    print("| setting | distinct-2 | repeated lines | looping | code that parses | distinct-2 by category |")
+    print("|---|---|---|---|---|---|")
+    for name, rows in results.items():
+        d2 = statistics.fmean(distinct_2(text) for _, text, _ in rows)
+        rep = statistics.fmean(repeated_lines(text) for _, text, _ in rows)
+        looping = sum(finish == "length" and repeated_lines(text) >= 1 / 3 for _, text, finish in rows)
+        code = [parses(text) for category, text, _ in rows if category == "code"]
+        code = [c for c in code if c is not None]
+        by = " ".join(f"{c} {statistics.fmean(distinct_2(t) for cat, t, _ in rows if cat == c):.2f}" for c in by_category)
+        print(f"| {name} | {d2:.3f} | {rep:.1%} | {looping}/{len(rows)} | {sum(code)}/{len(code)} | {by} |")
+    print(f"\n({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
