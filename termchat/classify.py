@@ -48,7 +48,8 @@ TOOLS = set(
     "pytest jest junit mocha vitest rails flask fastapi spring angular svelte nextjs next.js node node.js nodejs pandas "
     "scipy pytorch tensorflow postgres postgresql sqlite redis kafka mongodb elasticsearch graphql grpc protobuf vba "
     "cron crontab systemd dockerfile wasm webassembly gcc clang gradle maven xcode flutter dotnet .net laravel symfony "
-    "selenium playwright cypress regex regexp grep powershell vscode hypothesis asyncio goroutine flexbox".split()
+    "selenium playwright cypress regex regexp grep powershell vscode hypothesis asyncio goroutine flexbox "
+    "chmod chown sudo ssh curl wget sed awk vim emacs bashrc zshrc".split()
 )
 ARTEFACTS = set(
     # English
@@ -92,7 +93,56 @@ GENRES = set(
     "poem poems poetry haiku sonnet limerick story stories tale novel song songs chorus lyrics toast speech letter essay "
     "play screenplay poème poésie haïku histoire conte roman chanson chansons refrain paroles discours lettre théâtre".split()
 )
+PASCAL_IDENTIFIER = re.compile(r"\b[A-Z][a-z]+(?:[A-Z][a-z0-9]+)+\b")  # ArrayList, GenServer: a sign (McDonald too)
 IDENTIFIER = re.compile(r"\b[a-z]+(?:_[a-z0-9]+)+\b|\b[a-z]+[A-Z][a-zA-Z]+\b|\b\w+\(\)|\b[A-Z]\w*(?:Error|Exception)\b|(?<!\w)--[a-z][\w-]+|\b\w+\.(?:js|ts|py)\b")
+
+# Code written *in* the prompt, one line of it among words ("def add(a, b): return a - b
+# -- can you spot the bug?"): marks of syntax that prose does not make. Each kind
+# counts once; two kinds make code, one counts as a sign.
+SYNTAX_MARKS = {
+    "a call": re.compile(r"\b[A-Za-z_][\w.]*\([^()\n]{0,80}\)"),
+    "an assignment or comparison": re.compile(r"[\w\])'\"]\s?(?:==|!=|<=|>=|:=|\+=|-=|\*=|=|<|>)\s?[\w\[{('\"$.-]"),
+    "brackets": re.compile(r"[\w)\]]\[[^\]\n]*\]|\{[^{}\n]*\}|\{\s*$"),
+    "an operator": re.compile(r"&&|\|\||\+\+|--(?=\w)|=>|->|::|<\w+>|\);|[)\]\w];\s*(?:\}|$)|\$[A-Za-z_]\w*|\w\.\w+\(", re.M),
+    "a keyword": re.compile(r"(?:^|[.:;!?]\s+|\s--\s)(?:def|class|for|while|if|elif|return|import|from|const|let|var|function|fn|func|int|char|void|std|SELECT|UPDATE|INSERT|DELETE|CREATE|echo|chmod|sudo|ls|cd|grep|curl|git|npm|pip|print|printf|console|x|i)\b[ (:=.\[]", re.M),
+}
+# programming concepts: what a programming question names even without code
+CONCEPTS = (
+    "linked list", "liste chaînée", "binary tree", "arbre binaire", "binary search", "search tree", "hash map", "hashmap", "hash table",
+    "stack and a queue", "pile et une file", "deux piles", "two stacks", "priority queue", "trie", "graph traversal", "shortest path",
+    "topologically", "topological sort", "dependency injection", "design pattern", "visitor pattern", "singleton", "single responsibility",
+    "solid principles", "abstract class", "interface instead", "object-oriented", "orientée objet", "garbage collection", "ownership and borrowing",
+    "by reference", "par référence", "const and var", "promises", "promise", "callback", "goroutine", "substring", "sous-chaîne", "palindromic", "permutations",
+    "fibonacci", "tower of hanoi", "tour de hanoï", "bit operations", "bitwise", "set bits", "power of two", "standard input", "stdin", "stdout",
+    "in place", "en place", "linear time", "temps linéaire", "logarithmic time", "constant memory", "o(1)", "o(n)", "o(log n)",
+    "time complexity", "complexité", "recursion", "récursivité", "recursive", "récursive", "memoize", "memoization",
+    "database schema", "foreign key", "primary key", "join two tables", "two columns", "sql injection", "injections sql", "rest api", "api rest",
+    "http status", "status code", "paginate", "pagination", "hash a password", "store passwords", "bcrypt", "unit test", "test unitaire",
+    "pass locally", "in ci", "mock the", "for loop", "while loop", "boucle for", "let, const and var", "variables without", "variable without",
+    "deep copy", "shallow copy", "segfault", "segmentation fault", "memory leak", "fuite de mémoire", "race condition", "mutex", "deadlock",
+    "thread and a process", "process and a thread", "thread et un processus", "processus et un thread", "multithreading",
+    "tcp and udp", "port 8080", "listening on port", "self-signed certificate", "ssh key", "clé ssh", "reverse proxy", "proxy inverse",
+    "dark mode toggle", "responsive", "sticky", "onclick", "div", "dom", "css", "html", "website", "site web", "web page", "page web",
+    "deployment and a statefulset", "statefulset", "helm release", "roll back a", "cron job", "tâche planifiée", "planifier une tâche",
+    "command line", "ligne de commande", "environment variable", "variable d'environnement", "virtual environment", "environnement virtuel",
+    "package to pypi", "pypi", "merge conflict", "conflit de fusion", "commit", "pull request", "branch", "branche distante",
+    "the -j flag", "flag of", "context manager", "block of code", "decorator", "lambda", "map and filter", "map et filter",
+    "print statement", "python 2", "python 3", "pgcd", "gcd", "algorithme d'euclide", "euclidean algorithm", "prime numbers", "nombres premiers",
+    "multiplication table", "table de multiplication", "random password", "mot de passe aléatoire", "validate an email", "valider un email",
+    "index in a database", "un index", "an index", "schema for", "lire un fichier", "read a file", "read a line", "fichier ligne par ligne",
+    "two numbers that add up", "duplicates", "doublons", "anagrams", "anagrammes", "vowels", "voyelles", "non-repeating", "overlapping intervals",
+)
+CODE_ACTIONS = set(
+    "reverse find return merge sort count compute print read check swap serialize deserialize detect remove implement calculate "
+    "inverse trouve trouver calcule calculer trie trier vérifie vérifier compte compter affiche afficher lis lire génère supprime "
+    "fusionne fusionner".split()
+)
+
+
+def syntax_marks(prompt: str) -> list[str]:
+    """The kinds of code syntax the prompt holds (outside a fence)."""
+    return [kind for kind, pattern in SYNTAX_MARKS.items() if pattern.search(prompt)]
+
 
 CODE_LINE = re.compile(
     r"^\s*(def |class |import |from \S+ import|function |const |let |var |#include|public |private |fn |func |package |return\b|if \(|for \(|while \()"
@@ -171,6 +221,21 @@ def _score(prompt: str) -> tuple[int, list[str]]:
     weak = sorted({w for w in words if w in WEAK})
     score += min(len(weak), 1)
     found += weak[:1]
+    pascal = PASCAL_IDENTIFIER.findall(prompt)
+    if pascal:
+        score += 1
+        found.append(pascal[0])
+    marks = syntax_marks(prompt)
+    if marks:
+        score += 2 if len(marks) >= 2 else 1
+        found += marks[:2]
+    concepts = [c for c in CONCEPTS if re.search(r"(?<!\w)" + re.escape(c) + r"(?!\w)", lowered)]
+    if concepts:
+        score += 2
+        found += concepts[:2]
+    if any(0 < a - v <= 6 for v in (i for i, w in enumerate(words) if w in CODE_ACTIONS) for a in artefacts):
+        score += 1
+        found.append("task on data")
     genres = sorted({w for w in words if w in GENRES})
     if genres:
         score -= 2
