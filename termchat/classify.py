@@ -39,7 +39,7 @@ COMMON_WORDS = set(
 )
 # language names that are also ordinary nouns or names: half the weight
 AMBIGUOUS = set(
-    "python java ruby rust swift julia go dart perl ada eiffel elixir shell docker batch "
+    "python java ruby rust swift julia go dart perl ada eiffel elixir shell batch "
     "spring flask node pip helm cargo rails jest mocha angular hypothesis yarn cypress selenium playwright kafka pandas maven".split()
 )
 # tools and formats pygments has no lexer for, or names under another spelling
@@ -103,13 +103,13 @@ SYNTAX_MARKS = {
     "a call": re.compile(r"\b[A-Za-z_][\w.]*\([^()\n]{0,80}\)"),
     "an assignment or comparison": re.compile(r"[\w\])'\"]\s?(?:==|!=|<=|>=|:=|\+=|-=|\*=|=|<|>)\s?[\w\[{('\"$.-]"),
     "brackets": re.compile(r"[\w)\]]\[[^\]\n]*\]|\{[^{}\n]*\}|\{\s*$"),
-    "an operator": re.compile(r"&&|\|\||\+\+|--(?=\w)|=>|->|::|<\w+>|\);|[)\]\w];\s*(?:\}|$)|\$[A-Za-z_]\w*|\w\.\w+\(", re.M),
+    "an operator": re.compile(r"===|!==|&&|\|\||\+\+|--(?=\w)|=>|->|::|<\w+>|\);|[)\]\w];\s*(?:\}|$)|\$[A-Za-z_]\w*|\w\.\w+\(", re.M),
     "a keyword": re.compile(r"(?:^|[.:;!?]\s+|\s--\s)(?:def|class|for|while|if|elif|return|import|from|const|let|var|function|fn|func|int|char|void|std|SELECT|UPDATE|INSERT|DELETE|CREATE|echo|chmod|sudo|ls|cd|grep|curl|git|npm|pip|print|printf|console|x|i)\b[ (:=.\[]", re.M),
 }
 # programming concepts: what a programming question names even without code
 CONCEPTS = (
     "linked list", "liste chaînée", "binary tree", "arbre binaire", "binary search", "search tree", "hash map", "hashmap", "hash table",
-    "stack and a queue", "pile et une file", "deux piles", "two stacks", "priority queue", "trie", "graph traversal", "shortest path",
+    "stack and a queue", "pile et une file", "deux piles", "two stacks", "priority queue", "a trie", "graph traversal", "shortest path",
     "topologically", "topological sort", "dependency injection", "design pattern", "visitor pattern", "singleton", "single responsibility",
     "solid principles", "abstract class", "interface instead", "object-oriented", "orientée objet", "garbage collection", "ownership and borrowing",
     "by reference", "par référence", "const and var", "promises", "promise", "callback", "goroutine", "substring", "sous-chaîne", "palindromic", "permutations",
@@ -131,12 +131,30 @@ CONCEPTS = (
     "multiplication table", "table de multiplication", "random password", "mot de passe aléatoire", "validate an email", "valider un email",
     "index in a database", "un index", "an index", "schema for", "lire un fichier", "read a file", "read a line", "fichier ligne par ligne",
     "two numbers that add up", "duplicates", "doublons", "anagrams", "anagrammes", "vowels", "voyelles", "non-repeating", "overlapping intervals",
+    "keyword", "mot-clé", "volatile", "declare", "déclarer", "constant", "constante", "squash", "rebase", "fizzbuzz", "datetime", "timestamp",
+    "timezone", "fuseau horaire", "react component", "composant react", "re-render", "props", "insertion sort", "tri par insertion",
+    "bubble sort", "tri à bulles", "quicksort", "tri rapide", "container", "conteneur", "parenthese", "parentheses", "parenthèses",
 )
 CODE_ACTIONS = set(
     "reverse find return merge sort count compute print read check swap serialize deserialize detect remove implement calculate "
     "inverse trouve trouver calcule calculer trie trier vérifie vérifier compte compter affiche afficher lis lire génère supprime "
     "fusionne fusionner".split()
 )
+
+
+KNOWN = ARTEFACTS | VOCABULARY | WEAK | REQUEST_VERBS | CODE_ACTIONS | GENRES | {c for c in CONCEPTS if " " not in c}
+
+# artefacts that ordinary requests make too ("create a packing list"): a sign, not a request shape
+ORDINARY_ARTEFACTS = set("list liste table file fichier string chaîne index column colonne target job unit template".split())
+
+
+def _singular(word: str) -> str:  # used only where the word lists know the singular (KNOWN)
+    """dictionaries -> dictionary, commits -> commit, listes -> liste: the word lists hold singulars."""
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
 
 
 def syntax_marks(prompt: str) -> list[str]:
@@ -196,13 +214,18 @@ def _words(prompt: str) -> list[str]:
 
 def _score(prompt: str) -> tuple[int, list[str]]:
     names, _ = _lexer_vocabulary()
-    words = [w.strip("'.") for w in _words(prompt)]
+    originals = [w.strip("'.") for w in _words(prompt)]
+    # each word as the lists hold it: itself when they know it, else its singular
+    words = [w if w in KNOWN or _singular(w) not in KNOWN else _singular(w) for w in originals]
     lowered = " ".join(words)
+    raw = unicodedata.normalize("NFC", prompt.lower())
     found: list[str] = []
     score = 0
-    languages = {w for w in words if w in names} | ({"c"} if re.search(r"(?<![\w.])C(?![\w#+])", prompt) else set())
+    languages = {w for w in originals if w in names} | ({"c"} if re.search(r"(?<![\w.])C(?![\w#+])", prompt) else set())
     for language in sorted(languages):
-        weight = 1 if language in AMBIGUOUS or len(language) == 1 else 2
+        # "in C", "en Rust", "using Go": a language named as one, whatever else the word means
+        named = re.search(r"\b(?:in|en|with|using|avec|for|pour)\s+" + re.escape(language.capitalize()) + r"(?![\w#+])", prompt)
+        weight = 1 if (language in AMBIGUOUS or len(language) == 1) and not named else 2
         score += weight
         found.append(language)
     artefacts = [i for i, w in enumerate(words) if w in ARTEFACTS]
@@ -211,7 +234,8 @@ def _score(prompt: str) -> tuple[int, list[str]]:
         score += 1
         found += [words[i] for i in artefacts[:2]] + phrases[:1]
     verbs = [i for i, w in enumerate(words) if w in REQUEST_VERBS]
-    if any(0 < a - v <= 5 for v in verbs for a in artefacts) or (verbs and phrases):
+    strong = [a for a in artefacts if words[a] not in ORDINARY_ARTEFACTS]
+    if any(0 < a - v <= 5 for v in verbs for a in strong) or (verbs and phrases):
         score += 1
         found.append("request shape")
     vocabulary = sorted({w for w in words if w in VOCABULARY} | set(IDENTIFIER.findall(prompt)) | {p for p in VOCABULARY_PHRASES if p in lowered})
@@ -229,7 +253,7 @@ def _score(prompt: str) -> tuple[int, list[str]]:
     if marks:
         score += 2 if len(marks) >= 2 else 1
         found += marks[:2]
-    concepts = [c for c in CONCEPTS if re.search(r"(?<!\w)" + re.escape(c) + r"(?!\w)", lowered)]
+    concepts = [c for c in CONCEPTS if re.search(r"(?<!\w)" + re.escape(c) + r"(?!\w)", raw) or re.search(r"(?<!\w)" + re.escape(c) + r"(?!\w)", lowered)]
     if concepts:
         score += 2
         found += concepts[:2]
