@@ -71,17 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-category", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--profile", default="local-plain", help="a built-in profile (default local-plain: the sampling is the same with speculation)")
+    parser.add_argument("--categories", help="comma-separated (default: all)")
+    parser.add_argument("--settings", help=f"comma-separated, of: {'; '.join(SETTINGS)} (default: all)")
     args = parser.parse_args(argv)
+    settings = {name: SETTINGS[name] for name in args.settings.split(",")} if args.settings else SETTINGS
     profile = builtin_profiles()[args.profile]
     by_category: dict[str, list] = {}
-    for prompt in builtin():
+    for prompt in builtin(args.categories.split(",") if args.categories else None):
         by_category.setdefault(prompt.category, []).append(prompt)
     prompts = [p for items in by_category.values() for p in items[: args.per_category]]
     started = time.monotonic()
     engine = open_engine(profile, progress=lambda line: print(line, file=sys.stderr), attach=False)
     results: dict[str, list[tuple]] = {}
     try:
-        for name, knobs in SETTINGS.items():
+        for name, knobs in settings.items():
             gate = asyncio.Semaphore(4)
 
             async def one(prompt, knobs=knobs):
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: done ({time.monotonic() - started:.0f} s)", file=sys.stderr)
     finally:
         engine.stop()
-    print(f"{len(prompts)} built-in prompts ({args.per_category} per category), one reply each per setting, up to {args.max_tokens} tokens, T = 0 for code and {profile.temperature:g} otherwise, profile {profile.name}\n")
+    print(f"{len(prompts)} built-in prompts (up to {args.per_category} per category), one reply each per setting, up to {args.max_tokens} tokens, T = 0 for code and {profile.temperature:g} otherwise, profile {profile.name}\n")
     print("| setting | distinct-2 | repeated lines | looping | code that parses | distinct-2 by category |")
     print("|---|---|---|---|---|---|")
     for name, rows in results.items():
