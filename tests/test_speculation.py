@@ -206,11 +206,11 @@ def test_doctor_verify_fails_an_engine_whose_sampler_is_broken(prepared_model, t
         'speculative = { method = "ngram", num_speculative_tokens = 5, prompt_lookup_min = 2, prompt_lookup_max = 5 }\n'
     )
     # The defect reads uninitialised memory, so its effect differs from one
-    # engine process to the next. In 4 runs measured on 2026-11-30, three gave
-    # 12-17% improbable tokens (t = -4.6 to -10.1, chance < 1e-24); one (a CI
-    # run) gave replies *more* probable on average (-0.55 against -0.82,
-    # t = +1.3) with 0.9% improbable tokens (chance 0.06), below what 12
-    # replies can show. So a PASS gets up to two fresh engine pairs more.
+    # engine process to the next: most runs scatter improbable tokens (10-17%),
+    # one CI run sampled replies *more* probable than without speculation
+    # (t = +1.3), which the old one-sided check passed. The two-sided check
+    # (verify.py) has power 0.998 against a halved temperature at 16 replies
+    # (README); a PASS still gets up to two fresh engine pairs more.
     outputs = []
     for _ in range(3):
         result = subprocess.run([*TERMCHAT, "doctor", "--config", str(config), "--profile", "plugin-off", "--verify"], capture_output=True, text=True, timeout=600, cwd=ROOT)
