@@ -111,7 +111,7 @@ class Watch:
         self.before: Counters | None = None
 
     async def start(self) -> None:
-        if getattr(self.engine, "has_counters", None) is False:
+        if self.engine.has_counters is False:
             return
         self.before = await read(self.engine.client, self.engine.root_url)
         self.engine.has_counters = self.before is not None
