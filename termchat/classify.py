@@ -135,6 +135,7 @@ CONCEPTS = (
     "timezone", "fuseau horaire", "react component", "composant react", "re-render", "props", "insertion sort", "tri par insertion",
     "bubble sort", "tri à bulles", "quicksort", "tri rapide", "container", "conteneur", "parenthese", "parentheses", "parenthèses",
 )
+CONCEPT_PATTERNS = {c: re.compile(r"(?<!\w)" + re.escape(c) + r"(?!\w)") for c in CONCEPTS}  # compiled once, not per prompt
 CODE_ACTIONS = set(
     "reverse find return merge sort count compute print read check swap serialize deserialize detect remove implement calculate "
     "inverse trouve trouver calcule calculer trie trier vérifie vérifier compte compter affiche afficher lis lire génère supprime "
@@ -253,7 +254,7 @@ def _score(prompt: str) -> tuple[int, list[str]]:
     if marks:
         score += 2 if len(marks) >= 2 else 1
         found += marks[:2]
-    concepts = [c for c in CONCEPTS if re.search(r"(?<!\w)" + re.escape(c) + r"(?!\w)", raw) or re.search(r"(?<!\w)" + re.escape(c) + r"(?!\w)", lowered)]
+    concepts = [c for c in CONCEPTS if CONCEPT_PATTERNS[c].search(raw) or CONCEPT_PATTERNS[c].search(lowered)]
     if concepts:
         score += 2
         found += concepts[:2]

@@ -150,11 +150,16 @@ def check_value(key: str, value: Any) -> tuple[Any, str | None]:
     return value, None
 
 
+def check_session_key(key: str) -> None:
+    """A UserError unless `/set` may change `key`."""
+    if key not in SESSION_KEYS:
+        raise UserError(f"/set cannot change '{key}'{_suggest(key, SESSION_KEYS)}; it can: {', '.join(SESSION_KEYS)}")
+
+
 def parse_session_value(key: str, text: str) -> Any:
     """`/set KEY VALUE`: the value written as in a profile (1.1, \"###\",
     [\"a\", \"b\"]), checked as a profile's; a UserError otherwise."""
-    if key not in SESSION_KEYS:
-        raise UserError(f"/set cannot change '{key}'{_suggest(key, SESSION_KEYS)}; it can: {', '.join(SESSION_KEYS)}")
+    check_session_key(key)
     try:
         value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:

@@ -32,7 +32,7 @@ from termchat.attach import fenced_file
 from termchat.conversation import Conversation, TemperatureChoice, parse_temperature
 from termchat.errors import UserError
 from termchat.exchange import Recorder
-from termchat.profiles import SESSION_KEYS, Config, Profile, parse_session_value
+from termchat.profiles import SESSION_KEYS, Config, Profile, check_session_key, parse_session_value
 from termchat.store import Message, Store, StoreError
 
 
@@ -95,8 +95,7 @@ class ChatSession:
             shown = lambda key: "server default" if values[key] in (None, ()) else repr(values[key]) if key == "stop" else f"{values[key]:g}" if isinstance(values[key], float) else str(values[key])  # noqa: E731
             return "sampling: " + ", ".join(f"{key} {shown(key)}{' (set)' if key in self.knobs else ''}" for key in SESSION_KEYS) + ". /set KEY VALUE changes one for this session; /set KEY off goes back to the profile's"
         if text.lower() in ("off", "default", "none", "reset"):
-            if key not in SESSION_KEYS:
-                parse_session_value(key, "0")  # the message naming what /set can change
+            check_session_key(key)
             self.knobs.pop(key, None)
             return f"{key} is back to the profile's: {getattr(self.profile, key)!r}"
         if not text:

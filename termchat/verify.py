@@ -12,12 +12,14 @@ runs the profile's engine with and without speculation and compares:
   broken sampler moves tokens between these buckets in either direction: a
   sharpened distribution (vLLM's uninitialised temperature read as 0 gives
   near-greedy sampling, vllm-project/vllm#55005) fills rank 1, a flattened one
-  or garbage fills the far buckets. The G statistic of the 2 x 5 table (with
-  speculation, without) is compared with its distribution when the replies'
-  labels are shuffled within each prompt: replies with different seeds are
-  independent draws, so if speculation is lossless every shuffle is as likely
-  as the real split, whatever the correlation between tokens of a reply. The
-  check fails when p < ALPHA (0.002: a false alarm once in 500 checks).
+  or garbage fills the far buckets. Two statistics: the G of the 2 x 5 table
+  of buckets (with speculation, without), and the shift of the mean mid-rank
+  PIT (mid_pits: 1/2 for a correct sampler, whatever the position allowed).
+  Each is compared with its values when the replies' labels are shuffled
+  within each prompt: replies with different seeds are independent draws, so
+  if speculation is lossless every shuffle is as likely as the real split,
+  whatever the correlation between tokens of a reply. The smaller p doubled
+  fails below ALPHA (0.002: a false alarm once in 500 checks).
   Its power against simulated defects (temperature halved, doubled, zero; 5%
   garbage tokens) and its false alarms over hundreds of lossless comparisons
   are measured by `python -m termchat.bench.lossless_power` (README);
@@ -47,7 +49,7 @@ import numpy as np  # vLLM's own dependency: the rank test's shuffles, vectorise
 from termchat import models
 from termchat.engine.connect import open_engine
 from termchat.engine.endpoint import Engine
-from termchat.engine.client import ChatStream, Sampling, complete
+from termchat.engine.client import ChatStream, Sampling, complete, token_ranks
 from termchat.errors import UserError
 from termchat.profiles import Profile
 
@@ -150,9 +152,13 @@ def reply_row(ranks: list[int], pits: list[float]) -> list[float]:
 
 def stream_row(stream: ChatStream) -> list[float]:
     """A reply's row for the lossless test (asked with top_logprobs)."""
-    ranks = stream.token_ranks()
-    q_rows = [sampling_distribution(top, stream.sampling.temperature, stream.sampling.top_p) for top in stream.token_top]
-    return reply_row(ranks, mid_pits(ranks, q_rows))
+    return tokens_row(stream.token_logprobs, stream.token_top, stream.sampling.temperature, stream.sampling.top_p)
+
+
+def tokens_row(logprobs: list[float], tops: list[list[float]], temperature: float, top_p: float) -> list[float]:
+    """The same from a reply's sampled log-probabilities and top_logprobs."""
+    ranks = token_ranks(logprobs, tops)
+    return reply_row(ranks, mid_pits(ranks, [sampling_distribution(top, temperature, top_p) for top in tops]))
 
 
 def g_statistics(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -262,17 +268,18 @@ def compare(spec: Samples, base: Samples) -> list[Check]:
 
 def sampled_check(spec: Samples, base: Samples, label: str = "sampled at T=0.7") -> Check:
     """The two-sided lossless test, and the improbable tokens' one-sided tail."""
-    test = lossless_test(spec.rows(), base.rows(), spec.strata(), base.strata())
+    spec_rows, base_rows = spec.rows(), base.rows()
+    test = lossless_test(spec_rows, base_rows, spec.strata(), base.strata())
     tail = improbable_tail(spec.tokens(), base.tokens())
 
-    def share(samples: Samples) -> str:
-        totals = np.sum(samples.rows(), axis=0)[: len(RANK_BUCKETS)]
+    def share(rows: list[list[float]]) -> str:
+        totals = np.sum(rows, axis=0)[: len(RANK_BUCKETS)]
         return " / ".join(f"{x:.1%}" for x in totals / max(1, totals.sum()))
 
     low = lambda xs: sum(x < IMPROBABLE for x in xs) / max(1, len(xs))  # noqa: E731
     means = f"{statistics.fmean(spec.reply_means()):.2f} vs {statistics.fmean(base.reply_means()):.2f}" if spec.reply_means() and base.reply_means() else "n/a"
     detail = (
-        f"sampled tokens of rank 1 / 2 / 3-5 / 6-20 / >20: {share(spec)} with speculation, {share(base)} without "
+        f"sampled tokens of rank 1 / 2 / 3-5 / 6-20 / >20: {share(spec_rows)} with speculation, {share(base_rows)} without "
         f"({len(spec.sampled)} and {len(base.sampled)} replies; G = {test.g:.1f}, mean mid-PIT shift {test.shift:+.3f}; "
         f"chance if lossless p = {test.p:.2g}, limit {ALPHA:g}); tokens below {IMPROBABLE:g}: {low(spec.tokens()):.1%} vs {low(base.tokens()):.1%} "
         f"(chance {tail:.1g}, limit {P_LIMIT:g}); mean log-probability {means}"

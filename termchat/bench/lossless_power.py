@@ -76,13 +76,11 @@ def rank_probabilities(top: list[float], defect: tuple[str, float]) -> np.ndarra
     kind, value = defect
     temperature = value if kind == "temperature" else TEMPERATURE
     if temperature > 1:
-        logits = np.array(top) / temperature
+        # the tail as one last entry whose heated weight is tail * p20^(1/T - 1): the
+        # log-probability that gives it that weight once divided by T
         tail = max(0.0, 1.0 - float(np.exp(top).sum()))
-        weights = np.append(np.exp(logits - logits.max()), tail * math.exp(top[-1] * (1 / temperature - 1) - logits.max()))
-        q = weights / weights.sum()
-        before = np.concatenate(([0.0], np.cumsum(q)[:-1]))
-        q = np.where(before < TOP_P, q, 0.0)
-        return q / q.sum()
+        heated = temperature * math.log(tail) + top[-1] * (1 - temperature) if tail > 0 else -math.inf
+        return verify.sampling_distribution([*top, heated], temperature, TOP_P)
     q = np.append(verify.sampling_distribution(top, temperature, TOP_P), 0.0)
     if kind == "garbage":
         q = (1 - value) * q
@@ -92,9 +90,7 @@ def rank_probabilities(top: list[float], defect: tuple[str, float]) -> np.ndarra
 
 def real_row(reply: dict) -> tuple[list[float], int]:
     """A real reply's row for the rank test, and its improbable tokens."""
-    ranks = [1 + sum(t > lp for t in top) for lp, top in zip(reply["logprobs"], reply["top"])]
-    q_rows = [verify.sampling_distribution(top, TEMPERATURE, TOP_P) for top in reply["top"]]
-    return verify.reply_row(ranks, verify.mid_pits(ranks, q_rows)), sum(lp < verify.IMPROBABLE for lp in reply["logprobs"])
+    return verify.tokens_row(reply["logprobs"], reply["top"], TEMPERATURE, TOP_P), sum(lp < verify.IMPROBABLE for lp in reply["logprobs"])
 
 
 class Simulator:

@@ -92,9 +92,7 @@ class ChatStream:
         return body
 
     def token_ranks(self) -> list[int]:
-        """The rank of each sampled token under the model's distribution (1:
-        the most probable; N + 1: outside the N reported), from top_logprobs."""
-        return [1 + sum(top > lp for top in tops) for lp, tops in zip(self.token_logprobs, self.token_top)]
+        return token_ranks(self.token_logprobs, self.token_top)
 
     async def __aiter__(self) -> AsyncIterator[Step]:
         if not self.engine.model_name:
@@ -181,6 +179,13 @@ class ChatStream:
 
 
 STALL_S = 120.0  # between two lines of a reply that has started
+
+
+def token_ranks(logprobs: list[float], tops: list[list[float]]) -> list[int]:
+    """The rank of each sampled token under the model's distribution (1: the
+    most probable; N + 1: outside the N reported), from its log-probability
+    and the top N's (top_logprobs)."""
+    return [1 + sum(top > lp for top in row) for lp, row in zip(logprobs, tops)]
 
 
 def reported_drafts(chunk: dict) -> dict | None:
