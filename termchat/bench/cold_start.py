@@ -76,7 +76,7 @@ def engine_processes(pgid: int) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m termchat.bench.cold_start", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--profile", default="local", help="a built-in profile (default local)")
+    parser.add_argument("--profile", default="local", choices=list(builtin_profiles()), help="a built-in profile (default local)")
     args = parser.parse_args(argv)
     base = builtin_profiles()[args.profile]
     variants = {"three processes": base, "two processes": without_worker_process(base)}

@@ -150,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=Path, help="read the pool from here instead of running the engine")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    pool = json.loads(args.load.read_text()) if args.load else collect_pool(args.seeds)
+    try:
+        pool = json.loads(args.load.read_text()) if args.load else collect_pool(args.seeds)
+    except (OSError, ValueError) as exc:
+        parser.error(f"cannot read the pool {args.load}: {exc}")
     if args.save:
         args.save.write_text(json.dumps(pool))
     tokens = sum(len(r["logprobs"]) for r in pool)

@@ -32,6 +32,7 @@ from termchat.bench.prompts import builtin
 from termchat.classify import temperature_for
 from termchat.engine.client import Sampling, complete
 from termchat.engine.connect import open_engine
+from termchat.errors import UserError
 from termchat.profiles import builtin_profiles
 
 SETTINGS = {
@@ -70,14 +71,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m termchat.bench.repetition", description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-category", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--profile", default="local-plain", help="a built-in profile (default local-plain: the sampling is the same with speculation)")
+    parser.add_argument("--profile", default="local-plain", choices=list(builtin_profiles()), help="a built-in profile (default local-plain: the sampling is the same with speculation)")
     parser.add_argument("--categories", help="comma-separated (default: all)")
     parser.add_argument("--settings", help=f"comma-separated, of: {'; '.join(SETTINGS)} (default: all)")
     args = parser.parse_args(argv)
-    settings = {name: SETTINGS[name] for name in args.settings.split(",")} if args.settings else SETTINGS
+    names = args.settings.split(",") if args.settings else list(SETTINGS)
+    unknown = [name for name in names if name not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown setting {', '.join(map(repr, unknown))}; known: {'; '.join(SETTINGS)}")
+    settings = {name: SETTINGS[name] for name in names}
     profile = builtin_profiles()[args.profile]
     by_category: dict[str, list] = {}
-    for prompt in builtin(args.categories.split(",") if args.categories else None):
+    try:
+        chosen = builtin(args.categories.split(",") if args.categories else None)
+    except UserError as exc:
+        parser.error(str(exc))
+    for prompt in chosen:
         by_category.setdefault(prompt.category, []).append(prompt)
     prompts = [p for items in by_category.values() for p in items[: args.per_category]]
     started = time.monotonic()
