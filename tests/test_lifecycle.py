@@ -252,6 +252,32 @@ async def test_late_news_of_an_ended_reply_does_not_bring_the_live_bar_back(tmp_
         app.chat_screen.chat.post_message(ReplyEnded(turn, "cut", None))
         await pilot.pause(0.2)
         assert not newer.ended and app.chat_screen.query_one(StatusBar).info.live
+async def test_a_cut_landing_while_an_ended_reply_is_drawn_still_settles_the_status_bar(tmp_path, monkeypatch):
+    # the monkey, seed 40080 under load: the bar stayed "live" with nothing running. A
+    # reply's stream had ended and its view was being finished when a settle cancelled
+    # the worker; the cancel left that await, so the screen never heard the reply end.
+    async with chat(tmp_path, script=(3,)) as pilot:
+        app = pilot.app
+        drawing = asyncio.Event()
+        real = MessageView.finish
+
+        async def slow_finish(self, stats=None, *args, **kwargs):
+            if args or stats is not None:  # the ending's drawing, not the "waiting" line's removal
+                drawing.set()
+                await asyncio.sleep(3600)
+            return await real(self, stats, *args, **kwargs)
+
+        monkeypatch.setattr(MessageView, "finish", slow_finish)
+        await act(pilot, "type", "hello")
+        await asyncio.wait_for(drawing.wait(), 10)
+        monkeypatch.setattr(MessageView, "finish", real)
+        await app.chat_screen.chat.end_reply()
+        await settled(pilot)
+        info = app.chat_screen.query_one(StatusBar).info
+        assert not info.live and info.engine == "ready"
+        assert [m["role"] for m in app.session.conversation.messages] == ["user", "assistant"]
+
+
 async def test_quitting_while_a_reply_streams_stores_it_as_cut(tmp_path):
     async with chat(tmp_path) as pilot:
         app = pilot.app

@@ -214,6 +214,14 @@ class ChatView(VerticalScroll):
             if not steps:
                 self.post_message(ReplyProgress(turn, None, waiting=time.monotonic() - sent))
 
+        told = False  # the screen hears of the end exactly once, however it ends
+
+        def tell(how: str, stats: ReplyStats | None, error: str = "", gone: bool = False) -> None:
+            nonlocal told
+            if not told:
+                told = True
+                self.post_message(ReplyEnded(turn, how, stats, error, gone))
+
         ticker = None
         try:
             try:
@@ -230,25 +238,30 @@ class ChatView(VerticalScroll):
             self._link(view, turn)
             view.cut = True
             view.stats = cut
-            self.post_message(ReplyEnded(turn, "cut", cut))  # before any await: the status bar must hear of it
+            tell("cut", cut)  # before any await: the status bar must hear of it
             await view.finish(cut, "✂ cut: the partial reply is kept" + (" (figures from step sizes)" if cut else ""), "cut")
             raise
         except ReplyInterrupted as exc:
             self._link(view, turn)
             cut = live() if steps else None
-            gone = not await self.app.engines.alive_after()
-            await view.finish(cut, "✗ the engine stopped mid-reply; the partial reply is kept" if gone else f"✗ {exc}", "failed")
             view.cut = True
-            self.post_message(ReplyEnded(turn, "broken", cut, str(exc), gone))
+            gone = False
+            try:
+                gone = not await self.app.engines.alive_after()
+            finally:  # a cut landing in that await must not leave the bar live
+                tell("broken", cut, str(exc), gone)
+            await view.finish(cut, "✗ the engine stopped mid-reply; the partial reply is kept" if gone else f"✗ {exc}", "failed")
             return
         except UserError as exc:
             self._link(view, turn)
+            tell("failed", None, str(exc))
             await view.finish(None, f"✗ {exc}", "failed")
-            self.post_message(ReplyEnded(turn, "failed", None, str(exc)))
             return
         self._link(view, turn)
+        # told before the view is drawn: a cut landing in that await (a settle) must not
+        # leave the status bar live with nothing running (the monkey, seed 40080)
+        tell("complete", outcome.stats)
         await view.finish(outcome.stats)
-        self.post_message(ReplyEnded(turn, "complete", outcome.stats))
 
     def _link(self, view: MessageView, turn: Turn) -> None:
         """Link the reply's views to their stored messages; show a store failure once."""
