@@ -160,7 +160,7 @@ def cmd_ask(args) -> int:
     show, done = _progress_printer()
     if plain_http_warning(profile):
         print(f"termchat: warning: {plain_http_warning(profile)}", file=sys.stderr)
-    engine = open_engine(profile, progress=show)
+    engine = open_engine(profile, progress=show, keep_warm=True)
     done()
     recorder = Recorder.start(store, profile)  # after the engine: a failed start leaves no empty conversation
     tty = sys.stdout.isatty()
@@ -199,7 +199,7 @@ def cmd_ask(args) -> int:
     try:
         outcome = engine.run(run)
     finally:
-        engine.stop()
+        engine.release()  # a warm engine stays for the next `ask` (keep_alive)
     if recorder.error:
         print(f"termchat: {inert(str(recorder.error))}", file=sys.stderr)
     stats = outcome.stats
@@ -290,6 +290,47 @@ def cmd_tui(args) -> int:
     return run_app(config_file=args.config, profile=args.profile, theme=args.theme)
 
 
+# ---- ps / stop: warm engines ---------------------------------------------------------------
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def cmd_ps(args) -> int:
+    """Warm engines (and `termchat serve`'s), as `ollama ps` lists loaded models."""
+    from termchat.engine import warm
+
+    engines = warm.running_engines()
+    if not engines:
+        print("no engine is running (an engine stays warm for its profile's keep_alive after termchat leaves it)")
+        return 0
+    print(f"{'PROFILE':16} {'MODEL':32} {'METHOD':8} {'PID':>7} {'PORT':>6} {'RSS':>8} {'USED BY':>8} {'IDLE':>7} {'LEFT':>7}")
+    for e in engines:
+        users = f"{e.users}" if e.keep_alive is not None else "serve"
+        print(inert(f"{e.profile:16} {e.model[-32:]:32} {e.method:8} {e.pid:7d} {e.port:6d} {e.rss / 2**30:6.2f}GB {users:>8} {_duration(e.idle_s if not e.users else 0):>7} {_duration(e.left_s if not e.users else e.keep_alive):>7}"))
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from termchat.engine import warm
+
+    if not args.all and not args.name:
+        raise UserError("name a profile (`termchat stop PROFILE`) or stop them all (`termchat stop --all`); `termchat ps` lists them")
+    engines = [e for e in warm.running_engines() if args.all or e.profile == args.name]
+    if not engines:
+        what = "no engine is running" if args.all else f"no engine of profile '{args.name}' is running (`termchat ps` lists them)"
+        print(inert(what))
+        return 0 if args.all else 1
+    for engine in engines:
+        warm.stop_engine(engine)
+        print(inert(f"stopped {engine.profile} (pid {engine.pid})"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     # --config and --profile go before or after the sub-command; a sub-command's
     # copy (SUPPRESS: absent unless given) overrides the top-level one
@@ -320,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the exact command line and exit")
     p.add_argument("--port", type=int, help="port shown by --dry-run")
     p.set_defaults(func=cmd_serve)
+
+    sub.add_parser("ps", help="engines left running (warm for their keep_alive, or `termchat serve`)").set_defaults(func=cmd_ps)
+    p = sub.add_parser("stop", help="stop a warm engine: PROFILE, or --all")
+    p.add_argument("name", nargs="?", metavar="PROFILE")
+    p.add_argument("--all", action="store_true", help="every engine `termchat ps` lists")
+    p.set_defaults(func=cmd_stop)
 
     profiles = sub.add_parser("profiles", help="list or check profiles")
     psub = profiles.add_subparsers(dest="action", required=True, metavar="ACTION")

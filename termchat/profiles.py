@@ -40,6 +40,7 @@ TOP_KEYS = {"profiles": dict, "default_profile": str, "theme": str}
 # vLLM server flags that termchat sets itself: from a profile they could make the
 # managed engine listen beyond this machine, or without its key
 OWNED_FLAGS = ("host", "port", "api_key", "uds", "model", "served_model_name", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "root_path", "headless")
+KEEP_ALIVE_S = 300.0  # Ollama's default: five minutes
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -84,6 +85,9 @@ class Profile:
     api_key_env: str | None = _key(None, "the name of an environment variable")
     # seconds; a cold large engine can take minutes
     first_token_timeout: float = _key(300.0, "a number of seconds", low=0.0, high=86400.0, above=True)
+    # seconds an engine started here stays warm after its last user left (Ollama's keep_alive);
+    # None: TERMCHAT_KEEP_ALIVE, else KEEP_ALIVE_S; 0: it stops when termchat leaves it
+    keep_alive: float | None = _key(None, "a number of seconds (0: stop the engine when termchat leaves it)", low=0.0, high=7 * 86400.0)
     trust_remote_code: bool = _key(False, "true or false")
     theme: str | None = _key(None, "a theme name")
     test_command: str | None = _key(None, "a shell command such as 'pytest -q'")  # what /test runs
@@ -98,6 +102,16 @@ class Profile:
     @property
     def num_speculative_tokens(self) -> int | None:
         return self.speculative.k if self.speculative else None
+
+    @property
+    def keep_alive_s(self) -> float:
+        """How long the engine stays warm (warm.py), from the profile, else the environment."""
+        if self.keep_alive is not None:
+            return float(self.keep_alive)
+        try:
+            return max(0.0, float(os.environ.get("TERMCHAT_KEEP_ALIVE", KEEP_ALIVE_S)))
+        except ValueError:
+            return KEEP_ALIVE_S
 
     @property
     def is_remote(self) -> bool:

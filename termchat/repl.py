@@ -130,14 +130,14 @@ class Repl(SessionCommands):
 
     # ---- engine ------------------------------------------------------------------------
 
-    async def start_engine(self) -> bool:
+    async def start_engine(self, restart: bool = False) -> bool:
         profile = self.session.profile
         if plain_http_warning(profile):
             self.say(f"warning: {plain_http_warning(profile)}")
         if not profile.is_remote:
             self.say(f"starting the engine for '{profile.name}' (about 30-45 s on a CPU)…")
         try:
-            await self.engines.switch(profile)
+            await self.engines.switch(profile, kill=restart)
         except UserError as exc:
             self.say(f"the engine did not start: {exc}\n/restart tries again, /profile NAME picks another profile.")
             return False
@@ -229,7 +229,7 @@ class Repl(SessionCommands):
         await self.start_engine()
 
     async def do_restart(self, arg: str) -> None:
-        await self.start_engine()
+        await self.start_engine(restart=True)
 
     async def do_clear(self, arg: str) -> None:
         self.session.new_conversation()

@@ -77,6 +77,9 @@ def termchat_home(tmp_path_factory):
     os.environ["TERMCHAT_HOME"] = str(home)
     os.environ["TERMCHAT_MODELS"] = str(real_models)
     os.environ.pop("TERMCHAT_CONFIG", None)
+    # engines stop when their front-end leaves them, as before keep-alive; the warm
+    # engine tests (test_warm.py) set keep_alive in their profiles
+    os.environ["TERMCHAT_KEEP_ALIVE"] = "0"
     yield home
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from termchat.engine.endpoint import Engine, remote_engine
+from termchat.engine import warm
+from termchat.engine.endpoint import Engine, EngineState, remote_engine
 from termchat.engine.process import ManagedEngine, Progress
-from termchat.engine.served import find_served
+from termchat.engine.served import find_served, write_state
 from termchat.profiles import Profile
 
 
@@ -18,33 +19,49 @@ async def open_engine_async(
     launched: Callable[[ManagedEngine], None] | None = None,
     attach: bool = True,
     timeout: float = 600.0,
+    keep_warm: bool = False,
 ) -> Engine:
     """The engine for a profile, ready to answer: remote, attached to a running
-    `termchat serve`, or started here.
+    `termchat serve` or warm engine, or started here.
 
-    Run it on the main thread's event loop: the engine is launched from that
+    With `keep_warm` (the front-ends) and the profile's keep_alive above 0,
+    an engine started here is warm (warm.py): it outlives this process, and
+    this process holds a lease on it until `release()`. Run it on the main
+    thread's event loop: an engine that is not warm is launched from that
     thread so that it dies with termchat (PDEATHSIG). `launched` hears of a
     started engine at once, so the caller can stop it while it warms up."""
     if profile.is_remote:
         return remote_engine(profile)
+    keep_alive = profile.keep_alive_s if keep_warm and attach else 0.0
     if attach:
-        served = await asyncio.to_thread(find_served, profile)
+        served = await asyncio.to_thread(find_served, profile, keep_alive > 0)
         if served is not None:
+            if served.state == EngineState.STARTING:  # warm, started by another front-end moments ago
+                try:
+                    await served.wait_ready_async(timeout=timeout, progress=progress)
+                except BaseException:
+                    served.release()  # its lease; the front-end that started it reports its failure
+                    raise
             return served
-    engine = ManagedEngine.launch(profile)
+    if keep_alive > 0:
+        await asyncio.to_thread(warm.make_room, keep=profile.name)
+    engine = ManagedEngine.launch(profile, keep_alive=keep_alive)
+    if keep_alive > 0:
+        engine.lease = warm.take_lease(engine.pid)  # before the engine's watchdog first looks
+        write_state(engine, keep_alive)  # findable while it starts: a second front-end waits for it
     if launched is not None:
         launched(engine)
     await engine.wait_ready_async(timeout=timeout, progress=progress)
     return engine
 
 
-def open_engine(profile: Profile, progress: Progress | None = None, attach: bool = True, timeout: float = 600.0) -> Engine:
+def open_engine(profile: Profile, progress: Progress | None = None, attach: bool = True, timeout: float = 600.0, keep_warm: bool = False) -> Engine:
     """open_engine_async for callers without an event loop; an engine that
     does not get ready is stopped."""
     started: list[ManagedEngine] = []
     try:
         async def once() -> Engine:
-            engine = await open_engine_async(profile, progress, started.append, attach, timeout)
+            engine = await open_engine_async(profile, progress, started.append, attach, timeout, keep_warm)
             await engine.close()  # its client belongs to this loop, which ends here
             return engine
 

@@ -1,9 +1,10 @@
 """The engine of the current profile, for a front-end: start, stop, switch, restart.
 
 The TUI and the REPL both hold one; it keeps the rule that matters for
-memory (the old engine is gone before the new one starts) and the rule that
-matters for Ctrl+C and quitting while an engine warms up (the controller
-knows a launched engine at once, so `stop` reaches it).
+memory (the old engine is gone before the new one starts, unless it stays
+warm within the memory budget: warm.py) and the rule that matters for Ctrl+C
+and quitting while an engine warms up (the controller knows a launched engine
+at once, so `stop` reaches it).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class EngineController:
                 self.on_progress(self.engine)
 
         try:
-            self.engine = await open_engine_async(profile, progress=progress, launched=launched)
+            self.engine = await open_engine_async(profile, progress=progress, launched=launched, keep_warm=True)
         except UserError:
             for engine in launched_here:  # died or never got ready: nothing of it stays
                 if self.engine is engine:
@@ -57,22 +58,23 @@ class EngineController:
             raise
         return self.engine
 
-    async def stop(self) -> None:
-        """Stop the engine (off the event loop: it waits for the processes to end)."""
+    async def stop(self, kill: bool = False) -> None:
+        """Leave the engine (off the event loop: it may wait for the processes
+        to end). A warm one stays for keep_alive, unless `kill` (a restart)."""
         engine, self.engine = self.engine, None
         if engine is not None:
             await engine.close()
-            await asyncio.to_thread(engine.stop)
+            await asyncio.to_thread(engine.stop if kill else engine.release)
 
     def stop_now(self) -> None:
         """For exits, where there is no loop left to wait on."""
         engine, self.engine = self.engine, None
         if engine is not None:
-            engine.stop()
+            engine.release()
 
-    async def switch(self, profile: Profile) -> Engine:
-        """Stop the old engine, then start the new one (also a restart)."""
-        await self.stop()
+    async def switch(self, profile: Profile, kill: bool = False) -> Engine:
+        """Leave the old engine, then open the new one (with `kill`, a restart)."""
+        await self.stop(kill)
         return await self.start(profile)
 
     async def alive_after(self, seconds: float = 1.0) -> bool:

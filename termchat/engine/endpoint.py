@@ -161,6 +161,10 @@ class Engine:
     def stop(self) -> None:
         """Remote and attached engines are not ours to stop."""
 
+    def release(self) -> None:
+        """This front-end is done with it (see ManagedEngine.release)."""
+        self.stop()
+
     def describe_failure(self) -> str:
         return f"the engine at {self.base_url} did not answer"
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from termchat import paths
+from termchat.engine import warm
 from termchat.engine.command import owned, server_command
 from termchat.engine.guarded_server import OWNS_ENV
 from termchat.engine.endpoint import Engine, EngineError, EngineState
@@ -85,10 +86,14 @@ class ManagedEngine(Engine):
     log_path: Path | None = None
     owned: bool = True
     started_at: float = field(default_factory=time.monotonic)
+    lease: Path | None = None  # this process uses a warm engine (warm.py)
 
     @classmethod
-    def launch(cls, profile: Profile, log_dir: Path | None = None) -> ManagedEngine:
-        """Start the server and return at once; call wait_ready() next."""
+    def launch(cls, profile: Profile, log_dir: Path | None = None, keep_alive: float = 0.0) -> ManagedEngine:
+        """Start the server and return at once; call wait_ready() next.
+
+        With `keep_alive` the engine is warm (warm.py): it outlives termchat
+        and ends itself once unused that long; without, it dies with termchat."""
         if profile.method == "suffix" and importlib.util.find_spec("arctic_inference") is None:
             raise EngineError(
                 f"profile '{profile.name}' uses suffix decoding, which needs the arctic-inference package: "
@@ -101,6 +106,8 @@ class ManagedEngine(Engine):
         log_path = log_dir / f"engine-{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
         owns = owned(profile, port, cmd[cmd.index("--model") + 1])
         env = {**os.environ, **profile.env, "PYTHONUNBUFFERED": "1", "VLLM_API_KEY": key, OWNS_ENV: json.dumps(owns)}
+        if keep_alive > 0:
+            env[warm.WARM_ENV] = json.dumps({"serve": str(paths.private_dir(warm.serve_dir())), "keep_alive": keep_alive})
         with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
             log.write(("$ " + shlex.join(cmd) + "\n").encode())
             log.flush()
@@ -112,7 +119,7 @@ class ManagedEngine(Engine):
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+                    preexec_fn=die_with_parent if sys.platform.startswith("linux") and keep_alive <= 0 else None,
                 )
             except OSError as exc:
                 raise EngineError(f"could not start the engine: {exc}") from None
@@ -126,6 +133,15 @@ class ManagedEngine(Engine):
             pid=process.pid,
             log_path=log_path,
         )
+
+    def release(self) -> None:
+        """This front-end is done with the engine: a warm one stays for others
+        and for keep_alive (this process's lease goes); any other is stopped."""
+        if self.lease is not None:
+            warm.drop_lease(self.lease)
+            self.lease = None
+        else:
+            self.stop()
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -177,10 +193,13 @@ class ManagedEngine(Engine):
         return f"starting {self.profile.name} ({time.monotonic() - self.started_at:.0f} s): {last[-160:]}"
 
     def stop(self, timeout: float = 20.0) -> None:
-        """End the whole process group and check that nothing of it is left."""
-        if not self.owned or self.pid is None:
+        """End the whole process group and check that nothing of it is left
+        (a warm engine this process uses too: F5 restarts it)."""
+        if not (self.owned or self.lease is not None) or self.pid is None:
             return
         pgid = self.pid
+        warm.forget(pgid)  # nobody attaches to it while it ends
+        self.lease = None
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(pgid, sig)

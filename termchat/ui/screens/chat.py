@@ -139,15 +139,16 @@ class ChatScreen(ChatCommands, Screen):
     # ---- engine -----------------------------------------------------------------------
 
     @work(group="engine", exclusive=True)
-    async def start_engine(self, switch: bool = False) -> None:
-        """Start (or, with `switch`, stop the old and start) the profile's engine."""
+    async def start_engine(self, switch: bool = False, restart: bool = False) -> None:
+        """Start (or, with `switch`, leave the old and start) the profile's
+        engine; `restart` stops the old one even if it would stay warm."""
         profile = self.session.profile
         if switch:
             async with self.changing:
                 self.stop_fixing()
                 await self.chat.end_reply()  # cut and stored before its engine goes
             self.status(engine=EngineState.STOPPING, engine_detail="")
-            await self.engines.stop()  # the old process is gone before the new one starts
+            await self.engines.stop(kill=restart)  # gone (or warm, within the memory budget) before the new one starts
         self.advise(profile)
         self.status(engine=EngineState.STARTING, engine_detail="")
         self.panel.show(f"Starting the engine for '{profile.name}'…")

@@ -326,7 +326,7 @@ class ChatCommands(SessionCommands):
             self.run_worker(self.switch_profile(names[index]), group="switch", exclusive=True)
 
     def action_restart_engine(self) -> None:
-        self.start_engine(switch=True)
+        self.start_engine(switch=True, restart=True)
 
     def action_history(self) -> None:
         if self.session.store is None:

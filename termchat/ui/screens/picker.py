@@ -14,8 +14,9 @@ from termchat.profiles import Profile
 from termchat.ui.text import plain
 
 
-def describe(index: int, profile: Profile, current: str) -> str:
-    """One row: key, name, target model, and draft/method (short names)."""
+def describe(index: int, profile: Profile, current: str, warm: str = "") -> str:
+    """One row: key, name, target model, draft/method (short names), and
+    whether its engine is warm (switching to it attaches in a second)."""
     key = f"{index + 1}" if index < 9 else " "
     mark = "●" if profile.name == current else " "
     target = (profile.endpoint.split("//")[-1] + " " if profile.endpoint else "") + short_name(profile.model)
@@ -23,7 +24,22 @@ def describe(index: int, profile: Profile, current: str) -> str:
         draft = profile.speculative.label()
     else:
         draft = "no speculation"
-    return f"{key} {mark} {profile.name:<15} {target:<44.44} {draft}"
+    return f"{key} {mark} {profile.name:<15} {target:<44.44} {draft}" + (f"  [{warm}]" if warm else "")
+
+
+def warm_profiles() -> dict[str, str]:
+    """Profile name -> how its warm engine stands ("warm, 4m left", "warm, in use")."""
+    from termchat.engine import warm
+
+    marks = {}
+    for engine in warm.running_engines():
+        if engine.keep_alive is None:  # `termchat serve`'s: not warm, there until serve ends
+            continue
+        if engine.users:
+            marks[engine.profile] = "warm, in use"
+        else:
+            marks[engine.profile] = f"warm, {engine.left_s / 60:.0f}m left" if engine.left_s >= 60 else f"warm, {engine.left_s:.0f}s left"
+    return marks
 
 
 def measured(name: str) -> str:
@@ -42,9 +58,10 @@ class ProfilePicker(Modal[str | None]):
         self.current = current
 
     def compose(self):
+        warm = warm_profiles()
         with Vertical():
-            yield Label("Switch profile: Enter picks, Escape cancels, Alt+1..9 from the chat. Speed-ups: termchat bench.")
-            yield OptionList(*[Option(plain(describe(i, p, self.current) + measured(name)), id=name) for i, (name, p) in enumerate(self.profiles.items())])
+            yield Label("Switch profile: Enter picks, Escape cancels, Alt+1..9 from the chat. Speed-ups: termchat bench. A warm engine attaches in a second.")
+            yield OptionList(*[Option(plain(describe(i, p, self.current, warm.get(name, "")) + measured(name)), id=name) for i, (name, p) in enumerate(self.profiles.items())])
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)

@@ -1,0 +1,199 @@
+"""Warm engines (engine/warm.py): an engine outlives its front-end for the
+profile's keep_alive, later front-ends attach to it, and it ends itself.
+
+The real vLLM engine (the CPU build, the packaged SmolLM2), not the session's
+shared one: these tests start, leave, expire and stop their own engines, one
+or two at a time. The profiles are `local-plain`'s settings (the quickest to
+start) under other names, with keep_alive set (the suite's default is 0).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from termchat.engine import served, warm
+from termchat.engine.controller import EngineController
+from termchat.engine.process import group_members
+from termchat.profiles import load_config
+
+from .conftest import ROOT, TERMCHAT
+
+pytestmark = pytest.mark.engine
+
+PROFILE = """
+[profiles.{name}]
+model = "termchat:smollm2-135m-instruct"
+dtype = "float32"
+max_model_len = {max_model_len}
+max_tokens = 8
+keep_alive = {keep_alive}
+engine_args = {{ enforce_eager = true, distributed_executor_backend = "uni" }}
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "auto", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_ENABLE_V1_MULTIPROCESSING = "0" }}
+"""
+
+
+def write_config(path: Path, **profiles) -> Path:
+    """profiles: name -> (keep_alive, max_model_len)."""
+    path.write_text("".join(PROFILE.format(name=name, keep_alive=keep, max_model_len=length) for name, (keep, length) in profiles.items()))
+    return path
+
+
+def profile(config: Path, name: str):
+    return load_config(config).get(name)
+
+
+def warm_pids() -> dict[str, int]:
+    return {e.profile: e.pid for e in warm.running_engines() if e.keep_alive is not None}
+
+
+def gone(pid: int, within: float) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        if not group_members(pid):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.fixture(autouse=True)
+def no_warm_engine_left(prepared_model):
+    """Whatever a test leaves warm is stopped, and nothing of it may survive."""
+    yield
+    for engine in warm.running_engines():
+        if engine.keep_alive is not None:  # not the session's `termchat serve`
+            warm.stop_engine(engine)
+            assert not group_members(engine.pid)
+
+
+def ask(config: Path, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*TERMCHAT, "ask", "--config", str(config), "--profile", name, "--no-save", "Say hi."], capture_output=True, text=True, timeout=400, cwd=ROOT)
+
+
+def test_a_relaunch_attaches_to_the_warm_engine_and_stop_all_ends_it(tmp_path):
+    config = write_config(tmp_path / "c.toml", **{"warm-ask": (120, 2048)})
+    first = ask(config, "warm-ask")
+    assert first.returncode == 0, first.stderr
+    pid = warm_pids()["warm-ask"]  # the front-end has exited; its engine has not
+    assert group_members(pid)
+    second = ask(config, "warm-ask")
+    assert second.returncode == 0, second.stderr
+    assert warm_pids() == {"warm-ask": pid}  # attached: no second engine
+    assert "starting warm-ask" not in second.stderr
+    listed = subprocess.run([*TERMCHAT, "ps"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("warm-ask"))
+    assert str(pid) in row.split() and "GB" in row
+    stopped = subprocess.run([*TERMCHAT, "stop", "--all"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert stopped.returncode == 0 and f"pid {pid}" in stopped.stdout
+    assert not group_members(pid) and warm_pids() == {}
+    assert not served.state_file("warm-ask").exists()
+
+
+async def test_switching_a_to_b_to_a_attaches_to_a_and_an_edited_profile_starts_afresh(tmp_path):
+    config = write_config(tmp_path / "c.toml", **{"warm-a": (120, 2048), "warm-b": (120, 2048)})
+    engines = EngineController()
+    a = await engines.start(profile(config, "warm-a"))
+    b = await engines.switch(profile(config, "warm-b"))
+    assert a.pid != b.pid and a.alive()  # A stayed warm
+    again = await engines.switch(profile(config, "warm-a"))
+    assert again.pid == a.pid and await again.health()
+    assert warm_pids() == {"warm-a": a.pid, "warm-b": b.pid}
+    await engines.stop()
+    # the config is edited: A's engine has settings the profile no longer has
+    write_config(config, **{"warm-a": (120, 1024), "warm-b": (120, 2048)})
+    fresh = await engines.start(profile(config, "warm-a"))
+    assert fresh.pid != a.pid
+    assert gone(a.pid, 60)  # the stale one, unused, was stopped
+    await engines.stop()
+
+
+async def test_two_front_ends_share_one_engine_which_expires_once_both_leave(tmp_path):
+    config = write_config(tmp_path / "c.toml", **{"warm-s": (3, 2048)})
+    one, two = EngineController(), EngineController()
+    first = await one.start(profile(config, "warm-s"))
+    second = await two.start(profile(config, "warm-s"))
+    assert second.pid == first.pid and second.lease != first.lease
+    await one.stop()
+    time.sleep(8)  # beyond keep_alive: the other front-end still uses it
+    assert await second.health()
+    await two.stop()
+    assert gone(first.pid, 60)
+    assert not served.state_file("warm-s").exists() and not warm.lease_dir(first.pid).exists()
+
+
+def test_the_engine_of_a_sigkilled_front_end_still_expires(tmp_path):
+    config = write_config(tmp_path / "c.toml", **{"warm-k": (5, 2048)})
+    holder = (
+        "import sys, time\n"
+        "from termchat.engine.connect import open_engine\n"
+        "from termchat.profiles import load_config\n"
+        f"engine = open_engine(load_config({str(config)!r}).get('warm-k'), keep_warm=True)\n"
+        "print(engine.pid, flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    front = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        pid = int(front.stdout.readline())
+        time.sleep(8)  # beyond keep_alive: its front-end holds it
+        assert group_members(pid)
+    finally:
+        front.send_signal(signal.SIGKILL)
+        front.wait()
+    assert gone(pid, 60)  # no front-end left to stop it: it ended itself
+    assert warm_pids() == {}
+
+
+def test_keep_alive_comes_from_the_profile_then_the_environment_then_five_minutes(monkeypatch):
+    from dataclasses import replace
+
+    from termchat.profiles import builtin_profiles
+
+    local = builtin_profiles()["local"]
+    monkeypatch.setenv("TERMCHAT_KEEP_ALIVE", "42")
+    assert local.keep_alive_s == 42.0 and replace(local, keep_alive=7).keep_alive_s == 7.0
+    monkeypatch.delenv("TERMCHAT_KEEP_ALIVE")
+    assert local.keep_alive_s == 300.0 and replace(local, keep_alive=0).keep_alive_s == 0.0
+
+
+# ---- the watchdog's decisions, on state files alone (no engine) -------------------------------
+
+
+def test_the_watchdog_keeps_a_leased_engine_and_ends_an_unused_one(tmp_path):
+    engine_pid = 4_000_000  # above pid_max: no such process
+    state = tmp_path / "p.json"
+    state.write_text(f'{{"pid": {engine_pid}}}')
+    dog = warm.Watchdog(tmp_path, keep_alive=10, pid=engine_pid)
+    lease = warm.take_lease(engine_pid, tmp_path)  # this test process uses it
+    assert not dog.tick(now=dog.last_used + 100)
+    warm.drop_lease(lease)
+    assert not dog.tick(now=dog.last_used + 5)  # unused, but not for keep_alive yet
+    assert dog.tick(now=dog.last_used + 11) and not state.exists()
+
+
+def test_a_lease_taken_as_the_engine_expires_keeps_it(tmp_path, monkeypatch):
+    engine_pid = 4_000_000
+    state = tmp_path / "p.json"
+    state.write_text(f'{{"pid": {engine_pid}}}')
+    dog = warm.Watchdog(tmp_path, keep_alive=1, pid=engine_pid)
+    looks = iter([[], [1234]])  # no lease; then, once the state file is aside, one
+    monkeypatch.setattr(warm, "live_leases", lambda *args: next(looks))
+    assert not dog.tick(now=dog.last_used + 5)
+    assert state.exists() and not state.with_suffix(".expiring").exists()
+
+
+def test_a_lease_of_a_dead_or_recycled_process_holds_nothing(tmp_path):
+    engine_pid = 4_000_000
+    where = warm.lease_dir(engine_pid, tmp_path)
+    where.mkdir(parents=True)
+    (where / "4000001.aa").write_text("123")  # no such process
+    (where / f"{os.getpid()}.bb").write_text("1")  # this pid, but another start time
+    mine = warm.take_lease(engine_pid, tmp_path)
+    assert warm.live_leases(engine_pid, tmp_path) == [os.getpid()]
+    assert sorted(p.name for p in where.iterdir()) == [mine.name]
+    assert oct(where.stat().st_mode & 0o777) == "0o700" and oct(mine.stat().st_mode & 0o777) == "0o600"
