@@ -180,3 +180,24 @@ def test_a_sharpened_category_fails():
     assert broken.lossless_rank_p < 0.002 and not broken.lossless and "ranks of the sampled tokens" in broken.verdict
     (sound,) = summarize(replies(True, 0.7) + replies(False, 0.7), 5, 0.0)
     assert sound.lossless_rank_p > 0.002 and sound.lossless
+
+
+def test_the_roofline_counts_the_default_models_bytes_and_reads_them_against_the_bandwidth(prepared_model):
+    from termchat.bench import roofline
+    from termchat.profiles import builtin_profiles
+
+    local = builtin_profiles()["local"]
+    roof = roofline.for_profile(local)
+    # SmolLM2-135M: 134,515,008 float32 weights; K and V of 30 layers x 3 heads x 64 dims
+    assert roof.weight_bytes == 134_515_008 * 4 and roof.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
+    assert roofline.for_profile(replace(local, dtype="bfloat16")).weight_bytes == 134_515_008 * 2
+
+    def plain(tps, prompt, output):
+        stats = ReplyStats(decode_tokens_per_s=tps, prompt_tokens=prompt, output_tokens=output)
+        return Sample("p", "code", False, stats)
+
+    samples = [plain(20.0, 100, 200), plain(30.0, 100, 200), plain(25.0, 100, 200), Sample("p", "code", True, ReplyStats(decode_tokens_per_s=90.0))]
+    line = roofline.report(local, samples, bandwidth=27e9)
+    per_step = roof.weight_bytes + roof.kv_bytes_per_token * 200  # context: prompt + half the reply
+    assert f"{25.0 * per_step / 27e9:.0%} of the limit" in line and "25.0 tok/s" in line  # the plain replies' median only
+    assert roofline.for_profile(replace(local, endpoint="http://gpu:8000/v1")) is None

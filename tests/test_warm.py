@@ -197,3 +197,21 @@ def test_a_lease_of_a_dead_or_recycled_process_holds_nothing(tmp_path):
     assert warm.live_leases(engine_pid, tmp_path) == [os.getpid()]
     assert sorted(p.name for p in where.iterdir()) == [mine.name]
     assert oct(where.stat().st_mode & 0o777) == "0o700" and oct(mine.stat().st_mode & 0o777) == "0o600"
+
+
+def test_idle_warm_engines_make_room_longest_idle_first_and_in_use_ones_stay(monkeypatch, tmp_path):
+    gb = 2**30
+
+    def engine(name, idle, users=0, keep=300.0):
+        return warm.WarmEngine(name, "m", "plain", 1, 1, 3 * gb, users, idle, keep, tmp_path / f"{name}.json")
+
+    engines = [engine("recent", 10), engine("oldest", 900), engine("in-use", 0, users=1), engine("served", 5000, keep=None), engine("older", 500)]
+    ended = []
+    monkeypatch.setattr(warm, "running_engines", lambda *a: [e for e in engines if e not in ended])
+    monkeypatch.setattr(warm, "stop_engine", ended.append)
+    monkeypatch.setattr(warm, "memory_available", lambda: 9 * gb)  # 15 GB used by the five, 24 in all
+    # budget: half of 24 GB = 12; the five (15) and a new one (3) need 18: two must go
+    assert [e.profile for e in warm.make_room()] == ["oldest", "older"]
+    ended.clear()
+    monkeypatch.setattr(warm, "memory_available", lambda: 30 * gb)
+    assert warm.make_room() == []  # room enough: nothing ends

@@ -78,6 +78,17 @@ def draft_cost(profile: Profile, override: float | None) -> float:
     return 0.05  # eagle/eagle3/mtp heads: a layer or two
 
 
+def rooflines(profiles: list[Profile], results) -> list[str]:
+    """Each local profile's plain decoding against the machine's memory bandwidth."""
+    from termchat.bench import roofline
+
+    if not any(roofline.for_profile(p) for p in profiles):
+        return []
+    bandwidth = roofline.read_bandwidth()
+    lines = [roofline.report(p, [s for samples in results[p.name].values() for s in samples], bandwidth) for p in profiles]
+    return [line for line in lines if line]
+
+
 def cmd_bench(args) -> int:
 
     from termchat.profiles import load_config
@@ -139,10 +150,15 @@ def cmd_bench(args) -> int:
     print(chart)
     if lossless:
         print(lossless)
+    roof = rooflines(profiles, results)
+    if roof:
+        print("\nroofline (the bytes a plain step reads, over the memory bandwidth: near 100% only fewer bytes help)")
+        print("\n".join(roof))
     data = {
         "profiles": per_profile,
         "machine": machine(),
         "settings": {"runs": args.runs, "max_tokens": args.max_tokens, "temperatures": [t if t is not None else "auto" for t in temperatures], "num_speculative_tokens": [k for k in ks], "prompts": args.prompts or "built-in", "started": started},
+        "roofline": roof,
         "samples": {name: {c.label(): [asdict(s) for s in samples] for c, samples in by_condition.items()} for name, by_condition in results.items()},
     }
     if args.json:
@@ -162,7 +178,7 @@ def cmd_bench(args) -> int:
             "```",
             chart,
             "```",
-        ] + (["", lossless] if lossless else [])
+        ] + (["", lossless] if lossless else []) + (["", "Roofline:", ""] + [f"- {line}" for line in roof] if roof else [])
         Path(args.markdown).write_text("\n".join(md) + "\n")
         print(f"Markdown report: {args.markdown}")
     return 0

@@ -24,8 +24,11 @@ import argparse
 import statistics
 import sys
 from dataclasses import replace
+from pathlib import Path
 
+from termchat import models
 from termchat.bench.prompts import builtin
+from termchat.bench.roofline import read_bandwidth, weight_count
 from termchat.engine.client import Sampling, complete_sync
 from termchat.engine.connect import open_engine
 from termchat.profiles import builtin_profiles
@@ -55,47 +58,6 @@ async def continuation_logprob(engine, prompt: str, reply: str) -> tuple[float, 
     # prompt_logprobs = 0: each position holds its own token only
     values = [next(iter(entry.values()))["logprob"] for entry in entries if entry]
     return sum(values), len(values)
-
-
-def read_bandwidth() -> float:
-    """Bytes per second this machine reads from memory: the best of ten sums
-    of a 256 MiB tensor (torch, as many threads as the engine uses)."""
-    import time
-
-    import torch
-
-    data = torch.ones(64 * 1024 * 1024)
-    data.sum()
-    best = 0.0
-    for _ in range(10):
-        started = time.perf_counter()
-        data.sum()
-        best = max(best, data.numel() * 4 / (time.perf_counter() - started))
-    return best
-
-
-def weight_count(profile) -> int:
-    """The model's parameters, from its safetensors files (each weight is read once per plain step;
-    a tied embedding is read once, as the output layer)."""
-    from pathlib import Path
-
-    from safetensors import safe_open
-
-    from termchat import models
-
-    total = 0
-    for file in Path(models.resolve(profile.model)).glob("*.safetensors"):
-        with safe_open(str(file), "pt") as handle:
-            for key in handle.keys():
-                total += _product(handle.get_slice(key).get_shape())
-    return total
-
-
-def _product(shape) -> int:
-    out = 1
-    for n in shape:
-        out *= n
-    return out
 
 
 def run_engine(profile, prompts: list[str], references: list[str] | None):
@@ -145,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| decode tok/s (median of {args.runs} alternated runs) | {a:.1f} | {b:.1f} | {b / a:.2f} |")
     print(f"| mean log-probability of float32's greedy replies ({sum(n for _, n in ref_scored)} tokens) | {ref_mean:.4f} | {var_mean:.4f} | shift {shift:.2%} (limit {LOGPROB_LIMIT:.0%}) |")
     print(f"| greedy first {GUARD_TOKENS} tokens identical to float32's | | {identical}/{len(prompts)} | |")
-    bandwidth, weights = read_bandwidth(), weight_count(base)
+    bandwidth, weights = read_bandwidth(), weight_count(Path(models.resolve(base.model)))
     limit = {"float32": bandwidth / (weights * 4), args.variant: bandwidth / (weights * (2 if "16" in args.variant else 4))}
     print(f"| the memory limit: {bandwidth / 1e9:.1f} GB/s read / weight bytes per step | {limit['float32']:.1f} tok/s | {limit[args.variant]:.1f} tok/s | |")
     print(f"| share of the limit reached | {a / limit['float32']:.0%} | {b / limit[args.variant]:.0%} | |")

@@ -43,6 +43,15 @@ MODEL = "stand-in-model"
 WORDS = "the a reply streams here while keys land now and then on it so".split()
 
 
+class QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-answer (a reply cut, an app quitting) is the
+    point of the monkey, not an error to print."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class SlowEndpoint:
     """A scripted stand-in for an OpenAI-compatible server (NOT vLLM).
 
@@ -117,7 +126,7 @@ class SlowEndpoint:
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -84,6 +84,8 @@ def find_served(profile: Profile, lease: bool = False) -> ManagedEngine | None:
     pid = state.get("pid")
     if not is_our_engine(pid):
         path.unlink(missing_ok=True)
+        if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+            warm.remove_leases(pid)  # an engine that died: its leases hold nothing
         return None
     keep_alive = state.get("keep_alive")
     if state.get("fingerprint") != fingerprint(profile):  # the profile changed since it started

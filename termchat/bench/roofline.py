@@ -1,0 +1,97 @@
+"""How close plain decoding comes to the memory-bandwidth limit.
+
+A plain decoding step reads every weight once (a tied embedding once, as the
+output layer) and the KV cache of the context so far; on a CPU a small model
+is limited by those bytes over the memory bandwidth. "% of the limit" says
+whether a profile is limited by memory (near 100%: only fewer bytes help) or
+by overhead (well under: the scheduler, sampler, HTTP and Python cost more
+than the reads). `termchat bench` prints it for each local profile.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def read_bandwidth() -> float:
+    """Bytes per second this machine reads from memory: the best of ten sums
+    of a 256 MiB tensor (torch, as many threads as the engine uses)."""
+    import time
+
+    import torch
+
+    data = torch.ones(64 * 1024 * 1024)
+    data.sum()
+    best = 0.0
+    for _ in range(10):
+        started = time.perf_counter()
+        data.sum()
+        best = max(best, data.numel() * 4 / (time.perf_counter() - started))
+    return best
+
+
+def weight_count(folder: Path) -> int:
+    """The model's parameters, from its safetensors files' headers."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in folder.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as handle:
+            for key in handle.keys():
+                count = 1
+                for n in handle.get_slice(key).get_shape():
+                    count *= n
+                total += count
+    return total
+
+
+@dataclass
+class Roofline:
+    weight_bytes: int  # read once per step
+    kv_bytes_per_token: int  # read per token of context, per step
+
+    def bytes_per_step(self, context: float) -> float:
+        return self.weight_bytes + self.kv_bytes_per_token * context
+
+
+def for_profile(profile) -> Roofline | None:
+    """The bytes a plain step of this profile reads; None for a model that is
+    not a local folder with safetensors and a config.json (a remote endpoint)."""
+    from termchat import models
+
+    if profile.is_remote:
+        return None
+    try:
+        folder = Path(models.resolve(profile.model))
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError, Exception):  # noqa: BLE001: a hub id not prepared here
+        return None
+    if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+        return None
+    dtype = profile.dtype if profile.dtype and profile.dtype != "auto" else config.get("dtype") or config.get("torch_dtype") or "float32"
+    size = DTYPE_BYTES.get(str(dtype), 4)
+    heads = config.get("num_key_value_heads") or config.get("num_attention_heads", 0)
+    head_dim = config.get("head_dim") or config.get("hidden_size", 0) // max(1, config.get("num_attention_heads", 1))
+    kv = 2 * config.get("num_hidden_layers", 0) * heads * head_dim * size  # K and V, every layer
+    return Roofline(weight_count(folder) * size, kv)
+
+
+def report(profile, samples, bandwidth: float) -> str | None:
+    """One line: plain decoding's read rate against the measured bandwidth."""
+    roof = for_profile(profile)
+    plain = [s.stats for s in samples if not s.speculative and s.stats.decode_tokens_per_s]
+    if roof is None or not plain:
+        return None
+    tps = statistics.median(s.decode_tokens_per_s for s in plain)
+    context = statistics.median((s.prompt_tokens or 0) + s.output_tokens / 2 for s in plain)  # the mean context of a reply's steps
+    per_step = roof.bytes_per_step(context)
+    return (
+        f"{profile.name}: plain decoding {tps:.1f} tok/s x {per_step / 1e6:.0f} MB read per step "
+        f"({roof.weight_bytes / 1e6:.0f} MB weights + KV cache of ~{context:.0f} tokens) = {tps * per_step / 1e9:.1f} GB/s "
+        f"of {bandwidth / 1e9:.1f} GB/s measured: {tps * per_step / bandwidth:.0%} of the limit ({bandwidth / per_step:.0f} tok/s)"
+    )
