@@ -1,0 +1,140 @@
+"""termchat beside what a user would run instead, same prompts, same run.
+
+    python -m termchat.bench.peers [--per-category 4] [--max-tokens 128] [--profiles local,local-plain]
+
+On the built-in bench prompts (the first N of each category), greedy (T=0),
+one after the other on this machine (one engine at a time):
+
+- termchat's profiles: the real vLLM engine as termchat starts it;
+- Hugging Face transformers on the same float32 weights: plain `generate`,
+  and with prompt lookup (`prompt_lookup_num_tokens=10`, its speculation);
+- llama.cpp (llama-cpp-python, the optional extra `peers`) on the packaged
+  Q4_1 GGUF file the default model is converted from (what Ollama and LM
+  Studio would run), plain.
+
+Decode tokens/s everywhere = (output tokens - 1) / (time after the first
+token), the bench's definition: prefill excluded. transformers has no first
+token time of its own: its prefill is timed as a 1-token generate of the
+same prompt and subtracted. Medians per category.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+from termchat.bench.prompts import builtin
+
+
+def termchat_speeds(name: str, prompts, max_tokens: int) -> list[float]:
+    from termchat.engine.client import Sampling, complete_sync
+    from termchat.engine.connect import open_engine
+    from termchat.profiles import builtin_profiles
+
+    engine = open_engine(builtin_profiles()[name], progress=lambda line: print(line, file=sys.stderr), attach=False)
+    try:
+        complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))  # warm-up
+        return [complete_sync(engine, [{"role": "user", "content": p.text}], Sampling(temperature=0.0, max_tokens=max_tokens)).stats.decode_tokens_per_s or 0.0 for p in prompts]
+    finally:
+        engine.stop()
+
+
+def transformers_speeds(prompts, max_tokens: int, lookup: int | None) -> list[float]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from termchat import models
+    from termchat.profiles import DEFAULT_MODEL
+
+    folder = models.resolve(DEFAULT_MODEL)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+    speeds = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+            started = time.perf_counter()
+            model.generate(**ids, max_new_tokens=1, do_sample=False)
+            prefill = time.perf_counter() - started
+            started = time.perf_counter()
+            out = model.generate(**ids, max_new_tokens=max_tokens, do_sample=False, **extra)
+            total = time.perf_counter() - started
+            new = out.shape[1] - ids["input_ids"].shape[1]
+            speeds.append((new - 1) / max(1e-9, total - prefill) if new > 1 else 0.0)
+    return speeds
+
+
+def llama_cpp_speeds(prompts, max_tokens: int) -> list[float] | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    import os
+
+    from termchat.models import _gguf_path
+
+    llm = Llama(model_path=str(_gguf_path(quiet=True)), n_ctx=4096, n_threads=os.cpu_count(), verbose=False)
+    speeds = []
+    for p in prompts:
+        first = None
+        count = 0
+        for chunk in llm.create_chat_completion([{"role": "user", "content": p.text}], max_tokens=max_tokens, temperature=0.0, stream=True):
+            if "content" in chunk["choices"][0]["delta"]:  # one chunk per token
+                count += 1
+                first = first or time.perf_counter()
+        ended = time.perf_counter()
+        speeds.append((count - 1) / (ended - first) if first and count > 1 else 0.0)
+    return speeds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m termchat.bench.peers", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--per-category", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--profiles", default="local,local-plain", help="built-in profiles, comma-separated")
+    args = parser.parse_args(argv)
+    from termchat.profiles import builtin_profiles
+
+    names = [n.strip() for n in args.profiles.split(",") if n.strip()]
+    unknown = [n for n in names if n not in builtin_profiles()]
+    if unknown:
+        parser.error(f"unknown profile(s) {', '.join(unknown)}; built-in: {', '.join(builtin_profiles())}")
+    seen: dict[str, int] = defaultdict(int)
+    prompts = []
+    for p in builtin():
+        seen[p.category] += 1
+        if seen[p.category] <= args.per_category:
+            prompts.append(p)
+    columns: dict[str, list[float] | None] = {}
+    for name in names:
+        print(f"termchat {name} ...", file=sys.stderr, flush=True)
+        columns[f"termchat {name}"] = termchat_speeds(name, prompts, args.max_tokens)
+    print("transformers ...", file=sys.stderr, flush=True)
+    columns["transformers f32"] = transformers_speeds(prompts, args.max_tokens, None)
+    columns["transformers f32 lookup"] = transformers_speeds(prompts, args.max_tokens, 10)
+    print("llama.cpp ...", file=sys.stderr, flush=True)
+    columns["llama.cpp Q4_1"] = llama_cpp_speeds(prompts, args.max_tokens)
+    categories = list(dict.fromkeys(p.category for p in prompts))
+    print(f"\ndecode tokens/s, T=0, {args.max_tokens} tokens, {args.per_category} prompts per category (median), one run on this machine\n")
+    print("| category | " + " | ".join(columns) + f" | {names[0]} / llama.cpp |")
+    print("|---" * (len(columns) + 2) + "|")
+    for category in categories:
+        cells = []
+        for speeds in columns.values():
+            values = [s for p, s in zip(prompts, speeds or []) if p.category == category and s]
+            cells.append(f"{statistics.median(values):.1f}" if values else "-")
+        ours = [s for p, s in zip(prompts, columns[f"termchat {names[0]}"]) if p.category == category and s]
+        peer = [s for p, s in zip(prompts, columns["llama.cpp Q4_1"] or []) if p.category == category and s]
+        ratio = f"{statistics.median(ours) / statistics.median(peer):.2f}" if ours and peer else "-"
+        print(f"| {category} | " + " | ".join(cells) + f" | {ratio} |")
+    if columns["llama.cpp Q4_1"] is None:
+        print("\nllama.cpp: not installed here (pip install 'termchat[peers]' builds llama-cpp-python, about 2 minutes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
