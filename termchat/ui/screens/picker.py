@@ -60,7 +60,7 @@ class ProfilePicker(Modal[str | None]):
     def compose(self):
         warm = warm_profiles()
         with Vertical():
-            yield Label("Switch profile: Enter picks, Escape cancels, Alt+1..9 from the chat. Speed-ups: termchat bench. A warm engine attaches in a second.")
+            yield Label("Switch profile: Enter picks, Escape cancels, Alt+1..9 from the chat. Speed-ups: termchat bench.\nwarm: its engine is still running (keep_alive) and attaches at once.")
             yield OptionList(*[Option(plain(describe(i, p, self.current, warm.get(name, "")) + measured(name)), id=name) for i, (name, p) in enumerate(self.profiles.items())])
 
     def on_mount(self) -> None:
