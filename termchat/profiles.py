@@ -190,10 +190,11 @@ def parse_session_value(key: str, text: str) -> Any:
 
 # The CPU engine every built-in profile shares: float32 and both cores
 # (faster than bfloat16 on AVX2-only CPUs), eager mode (starts in ~30 s instead
-# of ~200 s of torch.compile), 1 GiB of KV cache, and no worker process of its
-# own: the "uni" executor with VLLM_ENABLE_V1_MULTIPROCESSING=0 runs the model
-# in the engine core's process (one fewer Python process importing vLLM and
-# torch: ready in 13.1 s instead of 18.8, `python -m termchat.bench.cold_start`).
+# of ~200 s of torch.compile), 1 GiB of KV cache, and vLLM and torch imported
+# once, not three times: the "uni" executor with VLLM_ENABLE_V1_MULTIPROCESSING=0
+# runs the model in the engine core's process, and TERMCHAT_FORK_ENGINE_CORE=1
+# forks that process instead of spawning it (guarded_server.py): ready in 9.3 s
+# instead of 19.4 (`python -m termchat.bench.cold_start`).
 def _cpu_engine() -> dict:
     return dict(
         model=DEFAULT_MODEL,
@@ -205,7 +206,7 @@ def _cpu_engine() -> dict:
         max_tokens=512,
         system_prompt="You are a helpful, concise assistant for programmers.",
         engine_args={"enforce_eager": True, "distributed_executor_backend": "uni"},
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TERMCHAT_FORK_ENGINE_CORE": "1"},
     )
 
 

@@ -90,3 +90,21 @@ def test_ask_streams_text_to_stdout_and_stats_to_stderr(shared_engine):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "tok/s" in result.stderr and "T=0.7" in result.stderr and "text prompt" in result.stderr
+
+
+def test_the_built_in_engine_forks_its_engine_core_and_corrects_sampling_there(shared_engine):
+    # TERMCHAT_FORK_ENGINE_CORE (guarded_server.fork_engine_core): two processes, the engine
+    # core forked from the API server; termchat's sampling self-check ran in the engine core
+    # (the process that samples) and not in the API server, whose OpenMP work before the
+    # fork would hang the child
+    import re
+
+    from termchat.engine.process import group_members
+
+    members = group_members(shared_engine.pid)
+    assert len(members) == 2, members
+    core = next(p for p in members if p != shared_engine.pid)
+    assert (Path("/proc") / str(core) / "stat").read_text().split()[3] == str(shared_engine.pid)  # its child
+    log = shared_engine.log_path.read_text(errors="replace")
+    checked = [line for line in log.splitlines() if "termchat: replaced" in line or "could not self-check" in line]
+    assert checked and all(re.match(r"\(EngineCore pid=\d+\)", line) for line in checked), checked

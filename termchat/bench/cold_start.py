@@ -1,18 +1,21 @@
-"""Where a cold start's seconds go, and what two processes instead of three save.
+"""Where a cold start's seconds go, and what termchat's start-up settings save.
 
     python -m termchat.bench.cold_start [--runs 2] [--profile local]
 
 Starts the profile's engine as termchat does (ManagedEngine), watching its log
 as it grows: the time each stage's first line appears, from the launch. Then
-one reply's first token, and stop. Two variants, alternated in one run so a
-drifting machine weighs on both alike:
+one reply's first token, and stop. Three variants, alternated in one run so a
+drifting machine weighs on all alike:
 
-- three processes (vLLM's default on the CPU: the API server, the engine
-  core, a worker, each importing vLLM and torch);
-- two processes (`distributed_executor_backend = "uni"`: the worker in the
-  engine core's process). The engine core stays a process of its own:
-  vLLM's API server always runs it apart (`VLLM_ENABLE_V1_MULTIPROCESSING=0`
-  changes nothing there but a warning that it fixes the global seed).
+- vLLM's default on the CPU: three processes (the API server, the engine
+  core, a worker), each spawned and importing vLLM and torch;
+- two processes (`distributed_executor_backend = "uni"` with
+  `VLLM_ENABLE_V1_MULTIPROCESSING=0`: the model runs in the engine core's
+  process; vLLM's API server still runs the engine core apart);
+- the built-in profiles' settings: those, and the engine core forked from
+  the API server instead of spawned (`TERMCHAT_FORK_ENGINE_CORE=1`,
+  guarded_server.fork_engine_core): it inherits vLLM and torch instead of
+  importing them again.
 """
 
 from __future__ import annotations
@@ -36,9 +39,17 @@ STAGES = [
 ]
 
 
-def without_worker_process(profile):
-    """The profile with vLLM's worker in the engine core's process."""
-    return replace(profile, engine_args={**profile.engine_args, "distributed_executor_backend": "uni"})
+FORK = "TERMCHAT_FORK_ENGINE_CORE"
+
+
+def variants(profile) -> dict:
+    """vLLM's default, two processes, and the built-in settings (two processes, forked)."""
+    args = {k: v for k, v in profile.engine_args.items() if k != "distributed_executor_backend"}
+    env = {k: v for k, v in profile.env.items() if k not in (FORK, "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    default = replace(profile, engine_args=args, env=env)
+    two = replace(profile, engine_args={**args, "distributed_executor_backend": "uni"}, env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    forked = replace(two, env={**two.env, FORK: "1"})
+    return {"vLLM's default (3 processes)": default, "2 processes, spawned": two, "2 processes, forked (built in)": forked}
 
 
 def one_start(profile) -> dict[str, float]:
@@ -79,19 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="local", choices=list(builtin_profiles()), help="a built-in profile (default local)")
     args = parser.parse_args(argv)
     base = builtin_profiles()[args.profile]
-    variants = {"three processes": base, "two processes": without_worker_process(base)}
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    tried = variants(base)
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in tried}
     for run in range(args.runs):
-        for name, profile in variants.items():
+        for name, profile in tried.items():
             results[name].append(one_start(profile))
             print(f"run {run + 1} {name}: ready in {results[name][-1]['ready (/health)']:.1f} s", flush=True)
     stages = [stage for stage, _ in STAGES] + ["ready (/health)", "first token", "processes"]
     print(f"\nprofile {args.profile}, {args.runs} alternated runs each, seconds from launch (median)\n")
-    print("| stage | " + " | ".join(variants) + " | ratio |")
-    print("|---|" + "---|" * (len(variants) + 1))
+    print("| stage | " + " | ".join(tried) + " | ratio, built in / default |")
+    print("|---|" + "---|" * (len(tried) + 1))
     for stage in stages:
-        values = [statistics.median(r[stage] for r in results[name]) for name in variants]
-        ratio = f"{values[1] / values[0]:.2f}" if stage != "processes" and values[0] else ""
+        values = [statistics.median(r[stage] for r in results[name]) for name in tried]
+        ratio = f"{values[-1] / values[0]:.2f}" if stage != "processes" and values[0] else ""
         cells = " | ".join(f"{v:.0f}" if stage == "processes" else f"{v:.1f}" for v in values)
         print(f"| {stage} | {cells} | {ratio} |")
     return 0

@@ -51,8 +51,36 @@ def violations(argv: list[str], expected: dict, parse=None) -> list[str]:
     return [f"{name} would be {got[name]!r}, not {expected.get(name)!r}" for name in OWNED if got[name] != expected.get(name)]
 
 
+FORK_ENV = "TERMCHAT_FORK_ENGINE_CORE"
+
+
+def fork_engine_core() -> None:
+    """Start vLLM's engine core by fork instead of spawn: it inherits this
+    process's vLLM and torch instead of importing them again (5 s of the
+    13 s cold start on 2 cores). vLLM's CPU platform sets spawn
+    unconditionally; this sets fork back right after. Safe only while this
+    process has run no OpenMP work before the fork (GNU libgomp is not
+    fork-safe: the child hangs in its first parallel region); the one such
+    work here was termchat's own sampling self-check, which therefore runs
+    in the forked child instead (vllm_plugin.defer_to_forked_children)."""
+    from termchat.engine import vllm_plugin
+
+    vllm_plugin.defer_to_forked_children()  # first: importing vLLM may run the plugin
+    from vllm.platforms import cpu
+
+    original = cpu.CpuPlatform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config) -> None:
+        original(cls, vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+
+
 def main() -> None:
     argv = sys.argv[1:]
+    if os.environ.get(FORK_ENV) == "1":
+        fork_engine_core()  # before vLLM's parser below imports vLLM (and with it the plugin)
     expected = json.loads(os.environ.get(OWNS_ENV) or "{}")
     if expected:
         wrong = violations(argv, expected)

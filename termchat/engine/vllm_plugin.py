@@ -251,12 +251,42 @@ def defective_fallbacks() -> list[str]:
     return [name for name in REFERENCES if hasattr(cpu_triton_utils, name) and not agrees(name, getattr(cpu_triton_utils, name))]
 
 
+_deferred = False  # this process forks the engine core: check in the child, not here
+
+
+def defer_to_forked_children() -> None:
+    """Called in vLLM's API server when its engine core is forked, not
+    spawned (guarded_server.fork_engine_core). The self-check's torch work
+    would start OpenMP's threads here, and a child forked after that hangs;
+    the API server never samples. So the check runs where a spawned engine
+    core runs it: in the worker, just before the platform registers the
+    kernels it checks."""
+    global _deferred
+    _deferred = True  # before vLLM is imported: importing it may load the plugins
+    from vllm.platforms import cpu
+
+    original = cpu.CpuPlatform.register_triton_kernel_overrides.__func__
+
+    def register_triton_kernel_overrides(cls) -> None:
+        global _deferred, _done
+        if _deferred:  # the first worker: check and replace, then let vLLM register them
+            _deferred = False
+            if _done:  # vLLM loaded this plugin (VLLM_PLUGINS may keep it out)
+                _done = False
+                register()
+        original(cls)
+
+    cpu.CpuPlatform.register_triton_kernel_overrides = classmethod(register_triton_kernel_overrides)
+
+
 def register() -> None:
     """vLLM's plugin hook: replace the defective CPU fallbacks, once per process."""
     global _done
     if _done:
         return
     _done = True
+    if _deferred:  # checked in the forked engine core (defer_to_forked_children)
+        return
     try:
         broken = defective_fallbacks()
     except Exception as exc:  # never stop vLLM from starting; say why nothing was checked
