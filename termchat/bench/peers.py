@@ -12,6 +12,7 @@ one after the other on this machine (one engine at a time):
   Q4_1 GGUF file the default model is converted from (what Ollama and LM
   Studio would run), plain.
 
+llama.cpp runs with n_batch=1 (its build here crashes in batched prefill).
 Decode tokens/s everywhere = (output tokens - 1) / (time after the first
 token), the bench's definition: prefill excluded. transformers has no first
 token time of its own: its prefill is timed as a 1-token generate of the
@@ -77,7 +78,10 @@ def llama_cpp_speeds(prompts, max_tokens: int) -> list[float] | None:
 
     from termchat.models import _gguf_path
 
-    llm = Llama(model_path=str(_gguf_path(quiet=True)), n_ctx=4096, n_threads=os.cpu_count(), verbose=False)
+    # n_batch=1: llama-cpp-python 0.3.36 as built here segfaults in batched prefill (any
+    # prompt of more than one token with n_batch > 1); one token per batch only slows the
+    # prefill, which the decode figure leaves out
+    llm = Llama(model_path=str(_gguf_path(quiet=True)), n_ctx=4096, n_batch=1, n_threads=os.cpu_count(), verbose=False)
     speeds = []
     for p in prompts:
         first = None
