@@ -254,9 +254,9 @@ def _verify(profile) -> int:
     """Exit 0 when speculation was shown not to change what is sampled, 1 when it does."""
     import time
 
-    from termchat.verify import verify
+    from termchat.verify import DOCTOR_REPLIES, verify
 
-    print(f"verify: does speculation change what '{profile.name}' samples? (the engine with and without speculation, 14 replies each)", flush=True)
+    print(f"verify: does speculation change what '{profile.name}' samples? (the engine with and without speculation, {DOCTOR_REPLIES} sampled replies each)", flush=True)
     show, done = _progress_printer()
     started = time.monotonic()
     try:

@@ -319,7 +319,10 @@ def self_draft_check(spec: Samples, profile: Profile) -> Check:
     return Check("self-draft acceptance", rate >= SELF_DRAFT_MIN_ACCEPTANCE, f"{rate:.0%} at T=0.7 (a model drafting for itself must be accepted >= {SELF_DRAFT_MIN_ACCEPTANCE:.0%})")
 
 
-def verify(profile: Profile, progress: Callable[[str], None] = lambda line: None, replies: int = 16) -> list[Check]:
+DOCTOR_REPLIES = 16  # sampled replies a side in `doctor --verify` (the power table's column)
+
+
+def verify(profile: Profile, progress: Callable[[str], None] = lambda line: None, replies: int = DOCTOR_REPLIES) -> list[Check]:
     """Run the checks on a managed profile: its engine, then the same without speculation."""
     if not profile.speculative:
         return [Check("speculation", None, f"profile '{profile.name}' does not speculate; nothing to verify")]
