@@ -141,6 +141,13 @@ class TermchatApp(App):
             screen.chat.abandon()
         self.exit()
 
+    def action_show_help_panel(self) -> None:
+        """Textual's key panel (from the palette): not once quitting, when the chat
+        screen is being taken down (mounting it then raised: the monkey, seed 60171)."""
+        if self.quitting or not self.screen.is_mounted:
+            return
+        super().action_show_help_panel()
+
     def action_command_palette(self) -> None:
         """Textual's palette, dismissed once (a second Enter popped the chat screen)."""
         if self.use_command_palette and not Palette.is_open(self):

@@ -56,15 +56,19 @@ class ProfilePicker(Modal[str | None]):
         super().__init__()
         self.profiles = profiles
         self.current = current
+        self.warm = warm_profiles()  # read here, not in compose: a slow compose widened a race (below)
 
     def compose(self):
-        warm = warm_profiles()
+        warm = self.warm
         with Vertical():
             yield Label("Switch profile: Enter picks, Escape cancels, Alt+1..9 from the chat. Speed-ups: termchat bench.\nwarm: its engine is still running (keep_alive) and attaches at once.")
             yield OptionList(*[Option(plain(describe(i, p, self.current, warm.get(name, "")) + measured(name)), id=name) for i, (name, p) in enumerate(self.profiles.items())])
 
     def on_mount(self) -> None:
-        options = self.query_one(OptionList)
+        found = self.query(OptionList)
+        if not found:  # dismissed (Escape, Ctrl+Q) before it was mounted: the monkey, seeds 60171, 60563
+            return
+        options = found.first()
         names = list(self.profiles)
         if self.current in names:
             options.highlighted = names.index(self.current)
