@@ -14,7 +14,9 @@ The detector generalizes instead of listing languages one by one:
 - programming vocabulary and identifiers (snake_case, camelCase, call(),
   KeyError), in English and French;
 - creative genres (poem, story, chanson...) count against.
-A score of 2 makes code. `python -m termchat.bench.classify_eval` measures it
+A score of 2 makes code. What the rules leave as text, the default model's
+topic probe (topic_probe.py) may still call code: it knows that "a monad" or
+"an inner join" is programming, which no word list keeps up with. `python -m termchat.bench.classify_eval` measures it
 on a labelled set with a held-out part.
 """
 
@@ -27,6 +29,8 @@ from functools import cache
 
 from pygments.lexers import get_all_lexers, guess_lexer
 from pygments.util import ClassNotFound
+
+from termchat import topic_probe
 
 # lexer aliases that are mostly ordinary words (English or French): not a sign
 COMMON_WORDS = set(
@@ -269,6 +273,19 @@ def _score(prompt: str) -> tuple[int, list[str]]:
 
 
 def classify(prompt: str) -> Classification:
+    """The rules, then (what they leave as text) the default model's topic probe."""
+    result = rules_only(prompt)
+    if result.is_code:
+        return result
+    topic = topic_probe.probability(prompt)
+    if topic is None:
+        return result
+    if topic >= 0.5:
+        return Classification("code", f"a programming topic to the model (p={topic:.2f}); {result.reason}")
+    return Classification("text", f"{result.reason}; not a programming topic to the model (p={topic:.2f})")
+
+
+def rules_only(prompt: str) -> Classification:
     if "```" in prompt or "~~~" in prompt:
         return Classification("code", "code fence")
     _, file_name = _lexer_vocabulary()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from termchat import topic_probe
 from termchat.attach import fenced_file
 from termchat.conversation import Conversation, TemperatureChoice, parse_temperature
 from termchat.errors import UserError
@@ -53,6 +54,7 @@ class ChatSession:
         self.conversation = Conversation()
         self.recorder: Recorder | None = None  # None: the next prompt starts a stored conversation
         self.knobs: dict = {}  # `/set KEY VALUE`: sampling values over any profile's, for this session
+        topic_probe.warm_in_background()  # the code detector's model part, ready by the first prompt
 
     def open_store(self) -> str | None:
         """Open the history database if needed; the message to show once if it cannot be."""

@@ -15,7 +15,8 @@ def test_wheel_contains_and_loads_its_data(tmp_path):
     wheel = next(tmp_path.glob("termchat-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("termchat/themes/termchat-dark.toml", "termchat/themes/termchat-light.toml", "termchat/themes/high-contrast.toml",
-                 "termchat/bench/prompts/code.jsonl", "termchat/ui/widgets/message.tcss", "termchat/ui/screens/chat.tcss"):
+                 "termchat/bench/prompts/code.jsonl", "termchat/ui/widgets/message.tcss", "termchat/ui/screens/chat.tcss",
+                 "termchat/topic_probe.json"):
         assert name in names, name
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -28,6 +29,8 @@ def test_wheel_contains_and_loads_its_data(tmp_path):
         "assert {'termchat-dark', 'termchat-light', 'high-contrast'} <= set(themes), themes\n"
         "assert all(t.source.startswith(" + repr(str(site)) + ") for t in themes.values()), [t.source for t in themes.values()]\n"
         "assert len(builtin()) >= 60\n"
+        "from termchat import topic_probe\n"
+        "assert topic_probe.WEIGHTS.is_relative_to(" + repr(str(site)) + ") and len(topic_probe.load_probe().weights) == 576\n"
         "print('ok')\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "TERMCHAT_HOME": str(tmp_path / "home")}, capture_output=True, text=True)

@@ -7,7 +7,10 @@ rules are tuned, so its score says how the detector does on prompts it has
 never met. Two sets: tests/data/classify_eval.jsonl (the first) and
 tests/data/classify_unseen.jsonl (written by kind of prompt, not from the
 rules; its held-out-1 part was scored once and then tuned on, held-out-2
-was scored once after that).
+was scored once after that). Both sets also fit the topic probe
+(classify_train.py). tests/data/classify_sessions.jsonl (held-out-3, written
+as what kinds of user type) was scored once after that, and fits nothing.
+`--parts` scores the rules alone and the probe alone beside the detector.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from termchat.classify import classify
+from termchat import topic_probe
+from termchat.classify import classify, rules_only
 
 DEFAULT_SET = Path(__file__).resolve().parents[2] / "tests" / "data" / "classify_eval.jsonl"
 
@@ -33,12 +37,26 @@ def score(rows: list[dict]) -> dict[str, tuple[int, int]]:
     return {key: (a, b) for key, (a, b) in counts.items()}
 
 
+def parts(rows: list[dict]) -> None:
+    """Per split: the rules alone, the topic probe alone, and both (the detector)."""
+    by_split: dict[str, list[tuple[bool, bool, bool, bool]]] = defaultdict(list)
+    for row in rows:
+        topic = topic_probe.probability(row["prompt"])
+        by_split[row["split"]].append((row["kind"] == "code", rules_only(row["prompt"]).is_code, topic is not None and topic >= 0.5, classify(row["prompt"]).is_code))
+    for split, results in sorted(by_split.items()):
+        figures = [f"{name} {sum(r[0] == r[i] for r in results) / len(results):.3f}" for i, name in ((1, "rules"), (2, "probe"), (3, "both"))]
+        print(f"{split:<14} " + ", ".join(figures))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file", nargs="?", default=str(DEFAULT_SET))
     parser.add_argument("--show-held-out", action="store_true", help="also list the held-out misses (after tuning is done)")
+    parser.add_argument("--parts", action="store_true", help="also score the rules alone and the topic probe alone")
     args = parser.parse_args(argv)
     rows = [json.loads(line) for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if args.parts:
+        parts(rows)
     for key, (right, total) in sorted(score(rows).items()):
         print(f"{key:<14} {right:>4}/{total:<4} {right / total:.3f}")
     for row in rows:
