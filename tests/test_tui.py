@@ -67,7 +67,7 @@ async def test_prompt_streams_a_reply_and_the_status_bar_shows_speed_and_accepta
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         assert app.engine.base_url == shared_engine.base_url  # attached to the shared engine
-        view = await ask(pilot, "Say hello to Ada.")
+        view = await ask(pilot, "Say hello to my friend Ada.")  # "Say hello to Ada." reads as Ada, the language, to the topic probe (p=0.78)
         assert view.text.strip() and len(view.steps) > 1
         status = app.query_one(StatusBar)
         assert status.info.reply.decode_tokens_per_s and status.info.reply.decode_tokens_per_s > 0
