@@ -92,6 +92,35 @@ def test_ask_streams_text_to_stdout_and_stats_to_stderr(shared_engine):
     assert "tok/s" in result.stderr and "T=0.7" in result.stderr and "text prompt" in result.stderr
 
 
+def test_the_engine_core_runs_rmsnorm_on_vllms_cpu_kernels(shared_engine):
+    # vllm_plugin.use_cpu_norm_kernels: vLLM registers its C++ RMSNorm for GPUs only, and on
+    # a CPU ran eight torch ops per norm, 61 norms per step; the engine core's priority now
+    # puts the C++ kernels first (native stays the fallback)
+    log = shared_engine.log_path.read_text(errors="replace")
+    chosen = [line for line in log.splitlines() if "Final IR op priority" in line and "EngineCore" in line]
+    assert chosen and "rms_norm=['termchat_cpu_c', 'native']" in chosen[-1] and "fused_add_rms_norm=['termchat_cpu_c', 'native']" in chosen[-1], chosen
+
+
+def test_vllms_cpu_rmsnorm_kernels_compute_what_the_native_norm_computes():
+    import torch
+
+    from termchat.engine import vllm_plugin
+
+    vllm_plugin.use_cpu_norm_kernels()
+    from vllm import ir
+
+    generator = torch.Generator().manual_seed(0)
+    x, residual, weight = (torch.randn(shape, generator=generator) for shape in ((7, 576), (7, 576), (576,)))
+    native, kernel = (ir.ops.rms_norm.impls[p].impl_fn(x, weight, 1e-5) for p in ("native", vllm_plugin.NORM_PROVIDER))
+    assert torch.allclose(native, kernel, rtol=1e-5, atol=1e-5)
+    native = ir.ops.fused_add_rms_norm.impls["native"].impl_fn(x.clone(), residual.clone(), weight, 1e-5)
+    kernel = ir.ops.fused_add_rms_norm.impls[vllm_plugin.NORM_PROVIDER].impl_fn(x.clone(), residual.clone(), weight, 1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(native, kernel))
+    # arguments the kernels do not take go to the native norm
+    supports = ir.ops.rms_norm.impls[vllm_plugin.NORM_PROVIDER].supports_args
+    assert supports(x, weight, 1e-5) and not supports(x, weight, 1e-5, 64) and not supports(x.t(), weight, 1e-5)
+
+
 def test_the_built_in_engine_forks_its_engine_core_and_corrects_sampling_there(shared_engine):
     # TERMCHAT_FORK_ENGINE_CORE (guarded_server.fork_engine_core): two processes, the engine
     # core forked from the API server; termchat's sampling self-check ran in the engine core

