@@ -20,6 +20,7 @@ import json
 import math
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 WEIGHTS = Path(__file__).with_name("topic_probe.json")
@@ -38,11 +39,16 @@ class Probe:
     weights: list[float]
     bias: float
 
-    def logit(self, features) -> float:
+    @cached_property
+    def _arrays(self):
+        """mean, scale and weights as float32 arrays, made once, not per prompt."""
         import numpy as np
 
-        z = (features - np.asarray(self.mean, np.float32)) / np.asarray(self.scale, np.float32)
-        return float(z @ np.asarray(self.weights, np.float32) + self.bias)
+        return tuple(np.asarray(values, np.float32) for values in (self.mean, self.scale, self.weights))
+
+    def logit(self, features) -> float:
+        mean, scale, weights = self._arrays
+        return float((features - mean) / scale @ weights + self.bias)
 
 
 class Encoder:
