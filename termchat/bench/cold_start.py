@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 
 from termchat.engine.client import Sampling, complete_sync
-from termchat.engine.process import ManagedEngine
+from termchat.engine.process import ENGINE_INITIALIZED, ManagedEngine
 from termchat.profiles import builtin_profiles
 
 # (stage, the first log line that shows it reached), in order
@@ -34,7 +34,7 @@ STAGES = [
     ("server up (imports)", "non-default args:"),
     ("engine core started", "Initializing a V1 LLM engine"),
     ("model loaded", "Loading weights took"),
-    ("KV cache and warm-up", "init engine (profile, create kv cache, warmup model)"),
+    ("KV cache and warm-up", ENGINE_INITIALIZED),
     ("serving", "Application startup complete"),
 ]
 

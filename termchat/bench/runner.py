@@ -104,15 +104,20 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
     return samples
 
 
+def warm_up(engine) -> None:
+    """Two short requests before anything is timed: allocation (and, eager,
+    kernel selection) happen on the first requests."""
+    for _ in range(2):
+        complete_sync(engine, [{"role": "user", "content": "Write one sentence about the sea."}], Sampling(temperature=0.0, max_tokens=32))
+
+
 def _start(profile: Profile, progress: Progress):
     started = time.monotonic()
     progress.say(f"starting engine '{profile.name}'" + (f" ({profile.speculative.label()})" if profile.speculative else " (no speculation)"))
     engine = ManagedEngine.launch(profile)
     try:
         engine.wait_ready()
-        # warm-up: compilation and allocation happen on the first requests
-        for _ in range(2):
-            complete_sync(engine, [{"role": "user", "content": "Write one sentence about the sea."}], Sampling(temperature=0.0, max_tokens=32))
+        warm_up(engine)
     except BaseException:
         engine.stop()
         raise

@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 
 from termchat.bench.prompts import builtin
+from termchat.bench.runner import warm_up
 from termchat.engine.client import Sampling, complete_sync
 from termchat.engine.connect import open_engine
 from termchat.engine.process import LOADED_COMPILED
@@ -33,8 +34,7 @@ def run(profile, prompts: list[str]) -> tuple[float, str, list]:
     ready = time.monotonic() - started
     try:
         log = engine.log_path.read_text(errors="replace") if engine.log_path else ""
-        for _ in range(2):
-            complete_sync(engine, [{"role": "user", "content": "Write one sentence about the sea."}], Sampling(temperature=0.0, max_tokens=32))
+        warm_up(engine)
         replies = [complete_sync(engine, [{"role": "user", "content": p}], Sampling(temperature=0.0, max_tokens=200)) for p in prompts]
     finally:
         engine.stop()

@@ -34,9 +34,11 @@ from termchat.profiles import Profile
 Progress = Callable[[str], None]
 
 
-# vLLM's log lines when a compiled engine starts: compiling, or loading the compiled model
+# vLLM's log lines when a compiled engine starts: compiling, or loading the
+# compiled model; and the line that ends the engine core's initialisation
 COMPILING = "Warming up model for the compilation"
 LOADED_COMPILED = "Directly load AOT compilation"
+ENGINE_INITIALIZED = "init engine (profile, create kv cache, warmup model)"
 
 KEEP_LOGS = 5  # engine logs kept per profile
 
@@ -168,7 +170,7 @@ class ManagedEngine(Engine):
             return ""
         with open(self.log_path, "rb") as handle:
             text = handle.read(1 << 20).decode("utf-8", "replace")
-        if COMPILING in text and LOADED_COMPILED not in text and "init engine" not in text:
+        if COMPILING in text and LOADED_COMPILED not in text and ENGINE_INITIALIZED not in text:
             return "compiling the model for this CPU: the first start of these settings on this machine takes 1-3 min; later starts load it from vLLM's cache"
         return ""
 
