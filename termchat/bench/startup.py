@@ -24,6 +24,7 @@ from termchat.bench.runner import warm_up
 from termchat.engine.client import Sampling, complete_sync
 from termchat.engine.connect import open_engine
 from termchat.engine.process import LOADED_COMPILED
+from termchat.errors import UserError
 from termchat.profiles import load_config
 
 
@@ -47,7 +48,10 @@ def main() -> None:
     parser.add_argument("--config")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    profile = load_config(args.config).get(args.profile)
+    try:
+        profile = load_config(args.config).get(args.profile)
+    except UserError as exc:  # one line, as the CLI says it
+        parser.error(str(exc))
     variants = {
         "eager": replace(profile, engine_args={**profile.engine_args, "enforce_eager": True}),
         "compiled": replace(profile, engine_args={k: v for k, v in profile.engine_args.items() if k != "enforce_eager"}),
