@@ -8,8 +8,9 @@ display path goes through `Sanitizer` (streamed) or `inert()` (whole text):
 - escape sequences (CSI, OSC, DCS/SOS/PM/APC strings, two-byte ESC x) and
   every C0/C1 control except newline and tab are removed;
 - bidi controls (U+202A-202E, U+2066-2069, U+200E/F, U+061C), zero-width
-  characters, invisible operators (U+2061-2064, U+206A-206F, U+FFF9-FFFB)
-  and tag characters (U+E0000-E007F) are shown as visible marks such as
+  characters, invisible operators (U+2061-2064, U+206A-206F, U+FFF9-FFFB),
+  tag characters (U+E0000-E007F) and the Unicode line and paragraph
+  separators (U+2028, U+2029) are shown as visible marks such as
   <U+202E>.
 
 It is one state machine fed character by character, so a reply sanitized in
@@ -27,7 +28,10 @@ ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff\u180e")
 # format controls, interlinear annotations, and the tag characters (U+E0000-E007F:
 # ASCII that no terminal shows, the carrier of "ASCII smuggling")
 INVISIBLE = frozenset(map(chr, [*range(0x2061, 0x2065), *range(0x206A, 0x2070), *range(0xFFF9, 0xFFFC), *range(0xE0000, 0xE0080)]))
-HIDDEN = BIDI | ZERO_WIDTH | INVISIBLE
+# U+2028/U+2029: a terminal shows no line break, but JavaScript ends a line
+# (and a // comment) there, and Python's str.splitlines splits there
+LINE_SEPARATORS = frozenset("\u2028\u2029")
+HIDDEN = BIDI | ZERO_WIDTH | INVISIBLE | LINE_SEPARATORS
 
 _GROUND, _ESC, _ESC_INTER, _CSI, _STRING, _STRING_ESC = range(6)
 _STRING_INTRODUCERS = "]PX^_"  # OSC, DCS, SOS, PM, APC
@@ -134,6 +138,8 @@ def hidden_characters(text: str) -> list[str]:
         found.append("zero-width characters")
     if any(c in INVISIBLE for c in text):
         found.append("invisible operators or tag characters")
+    if any(c in LINE_SEPARATORS for c in text):
+        found.append("Unicode line separators")
     return found
 
 

@@ -21,6 +21,19 @@ def chunk(text: str) -> str:
     return "data: " + json.dumps({"choices": [{"delta": {"content": text}, "token_ids": [1]}]}) + "\n\n"
 
 
+def raw_chunk(text: str, end: str = "\n\n") -> bytes:
+    """A chunk as vLLM writes it: JSON leaves U+2028, U+0085 and the like raw."""
+    return ("data: " + json.dumps({"choices": [{"delta": {"content": text}, "token_ids": [1]}]}, ensure_ascii=False) + end).encode()
+
+
+# text that str.splitlines would cut, sent in writes that end mid-character
+# and between the CR and the LF of a line end
+SEPARATED = ["a\u2028b", "\u2029c\x85", "d\x1ce\x0bf"]
+_second = raw_chunk(SEPARATED[1], "\r\n\r\n")
+_cut = _second.index("\u2029".encode()) + 1
+_cr = _second.index(b"\r")
+
+
 SCENARIOS = {
     "ok": [chunk("Hello"), chunk(" there."), "data: [DONE]\n\n"],
     "not-json": [chunk("Hel"), "data: {this is not json\n\n"],
@@ -29,6 +42,7 @@ SCENARIOS = {
     "no-done": [chunk("Hel"), chunk("lo")],
     "silent": None,  # accepts the request and never answers
     "pings": [": ping\n\n"] * 250,  # SSE comments only, for 5 s: alive, but no answer
+    "separators": [raw_chunk(SEPARATED[0]), _second[:_cut], _second[_cut : _cr + 1], _second[_cr + 1 :], raw_chunk(SEPARATED[2]), b"data: [DONE]\r\r"],
 }
 
 
@@ -65,7 +79,7 @@ class StandIn:
                 self.send_header("Connection", "close")
                 self.end_headers()
                 for line in lines:
-                    self.wfile.write(line.encode())
+                    self.wfile.write(line if isinstance(line, bytes) else line.encode())
                     self.wfile.flush()
                     time.sleep(0.02)
                 self.close_connection = True

@@ -22,7 +22,7 @@ from termchat.ui.app import TermchatApp
 from termchat.ui.widgets.message import MessageView
 
 from .conftest import ROOT, TERMCHAT, wait_for
-from .standin import MODEL, StandIn
+from .standin import MODEL, SEPARATED, StandIn
 
 
 def config_for(tmp_path, url: str, extra: str = "") -> str:
@@ -127,3 +127,28 @@ def test_a_call_from_outside_an_event_loop_closes_the_client_it_opened():
         assert engine.run(work) == MODEL and engine.run(work) == MODEL
         assert complete_sync(engine, [{"role": "user", "content": "hi"}], Sampling(temperature=0.0, max_tokens=8)).text == "Hello there."
     assert clients[0] is not clients[1] and all(c.is_closed for c in clients)
+
+
+def test_a_reply_with_unicode_line_separators_streams_whole():
+    """SSE lines end at CR LF, LF or CR only. vLLM leaves U+2028, U+0085 and
+    the like raw inside its JSON; a client that split lines as str.splitlines
+    does broke a sampled reply in CI as "a line that is not JSON" (the
+    separator was among the top log-probabilities). The stand-in sends them,
+    in writes cut mid-character and between CR and LF."""
+    from termchat.engine.client import Sampling, complete_sync
+
+    with StandIn("separators") as standin:
+        engine = Engine(Profile("standin"), standin.url, None, MODEL)
+        reply = complete_sync(engine, [{"role": "user", "content": "hi"}], Sampling(temperature=0.0, max_tokens=8))
+    assert reply.text == "".join(SEPARATED) and len(reply.steps) == 3
+
+
+def test_sse_lines_split_at_cr_lf_lf_and_cr_wherever_the_bytes_are_cut():
+    from termchat.engine.client import SSELines
+
+    stream = "data: a\u2028b\u0085\r\n\r\ndata: c\x1c\rdata: d\n\ndata: é".encode()
+    want = ["data: a\u2028b\u0085", "", "data: c\x1c", "data: d", "", "data: é"]
+    for size in (1, 2, 3, len(stream)):
+        lines = SSELines()
+        got = [line for i in range(0, len(stream), size) for line in lines.feed(stream[i : i + size])] + lines.close()
+        assert got == want, size

@@ -18,8 +18,8 @@ from termchat.ui.widgets.message import MessageView
 from .conftest import streamed_view, wait_for
 
 # characters that make escape sequences interesting, plus ordinary text
-ALPHABET = st.sampled_from(list("\x1b\x07\x9b\x9c\x9d\x90[]\\;0123456789mPX^_ABCabc \n\t\r\x00\x7f\x85") + sorted(BIDI) + ["\u200b", "é", "✓"])
-FORBIDDEN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u200b]")
+ALPHABET = st.sampled_from(list("\x1b\x07\x9b\x9c\x9d\x90[]\\;0123456789mPX^_ABCabc \n\t\r\x00\x7f\x85") + sorted(BIDI) + ["\u200b", "\u2028", "\u2029", "é", "✓"])
+FORBIDDEN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u200b\u2028\u2029]")
 
 
 @settings(max_examples=400, deadline=None)
@@ -45,6 +45,10 @@ def test_bidi_and_zero_width_characters_are_shown_as_marks():
     shown = inert(code)
     assert "<U+202E>" in shown and "<U+2066>" in shown and "<U+200B>" in shown
     assert not any(c in shown for c in BIDI)
+    # in JavaScript U+2028 ends the // comment: the call after it runs, unseen on one terminal line
+    code = "// check done\u2028grantAdmin()"
+    assert inert(code) == "// check done<U+2028>grantAdmin()"
+    assert "Unicode line separators" in clean_code(code)[1]
 
 
 def test_copied_code_loses_hidden_sequences_and_warns_about_invisible_characters():

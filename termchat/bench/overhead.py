@@ -21,6 +21,7 @@ import time
 import httpx
 
 from termchat.engine import served
+from termchat.engine.client import SSELines
 from termchat.engine.process import ManagedEngine
 from termchat.profiles import load_config
 
@@ -60,7 +61,8 @@ def direct(engine, max_tokens: int) -> float:
     first = last = None
     tokens = 0
     with httpx.stream("POST", engine.base_url + "/chat/completions", json=body, headers=engine.headers(), timeout=300, trust_env=engine.uses_proxy_settings) as response:
-        for line in response.iter_lines():
+        splitter = SSELines()
+        for line in (line for data in response.iter_bytes() for line in splitter.feed(data)):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             for choice in json.loads(line[6:]).get("choices", []):

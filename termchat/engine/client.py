@@ -9,7 +9,9 @@ task) closes the connection, and vLLM aborts the request.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -29,6 +31,45 @@ class ReplyInterrupted(EngineError):
     def __init__(self, message: str, partial: str):
         super().__init__(message)
         self.partial = partial
+
+
+class SSELines:
+    """Server-sent-event lines from the bytes of a stream, split where the SSE
+    spec ends a line (CR LF, LF or CR) and nowhere else.
+
+    httpx's `iter_lines` splits like `str.splitlines`, also at U+2028, U+2029,
+    U+0085 and \\x1c-\\x1e, which JSON leaves raw inside strings: a model that
+    sampled U+2028 (or merely listed it among its top log-probabilities) cut a
+    chunk in two, and the reply broke as "a line that is not JSON"."""
+
+    ENDS = re.compile("\r\n|\r|\n")
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._rest = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        text = self._rest + self._decoder.decode(data)
+        # a CR at the end may be the first half of a CR LF still on its way
+        held = "\r" if text.endswith("\r") else ""
+        *lines, self._rest = self.ENDS.split(text[: len(text) - len(held)])
+        self._rest += held
+        return lines
+
+    def close(self) -> list[str]:
+        """The last line, if the stream ended without a line end."""
+        text = self._rest + self._decoder.decode(b"", final=True)
+        self._rest = ""
+        return [line for line in self.ENDS.split(text) if line] if text else []
+
+
+async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    lines = SSELines()
+    async for data in response.aiter_bytes():
+        for line in lines.feed(data):
+            yield line
+    for line in lines.close():
+        yield line
 
 
 @dataclass
@@ -113,7 +154,7 @@ class ChatStream:
                 if response.status_code != 200:
                     detail = (await response.aread()).decode("utf-8", "replace")
                     raise EngineError(_http_message(response.status_code, detail, self.engine))
-                lines = response.aiter_lines()
+                lines = sse_lines(response)
                 while True:
                     # measured from the request (then from the last token), not
                     # from the last line: comments and keep-alives (": ping")
