@@ -34,8 +34,8 @@ dtype = "float32"
 max_model_len = 2048
 temperature = 0.0
 max_tokens = 1000
-engine_args = { enforce_eager = true }
-env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0" }
+engine_args = { enforce_eager = true, distributed_executor_backend = "uni" }
+env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_ENABLE_V1_MULTIPROCESSING = "0", TERMCHAT_FORK_ENGINE_CORE = "1" }
 [profiles.victim.speculative]
 method = "ngram"
 num_speculative_tokens = 5

@@ -227,8 +227,8 @@ def test_doctor_verify_fails_an_engine_whose_sampler_is_broken(prepared_model, t
     config = tmp_path / "config.toml"
     config.write_text(
         '[profiles.plugin-off]\nmodel = "termchat:smollm2-135m-instruct"\n'
-        'dtype = "float32"\nmax_model_len = 4096\nengine_args = { enforce_eager = true }\n'
-        'env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_PLUGINS = "none" }\n'
+        'dtype = "float32"\nmax_model_len = 4096\nengine_args = { enforce_eager = true, distributed_executor_backend = "uni" }\n'
+        'env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_PLUGINS = "none", VLLM_ENABLE_V1_MULTIPROCESSING = "0", TERMCHAT_FORK_ENGINE_CORE = "1" }\n'
         'speculative = { method = "ngram", num_speculative_tokens = 5, prompt_lookup_min = 2, prompt_lookup_max = 5 }\n'
     )
     # The defect reads uninitialised memory, so its effect differs from one

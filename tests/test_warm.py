@@ -35,7 +35,7 @@ max_model_len = {max_model_len}
 max_tokens = 8
 keep_alive = {keep_alive}
 engine_args = {{ enforce_eager = true, distributed_executor_backend = "uni" }}
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "auto", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_ENABLE_V1_MULTIPROCESSING = "0" }}
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "auto", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_ENABLE_V1_MULTIPROCESSING = "0", TERMCHAT_FORK_ENGINE_CORE = "1" }}
 """
 
 
