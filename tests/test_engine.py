@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from termchat.engine.client import Sampling, complete_sync
+from termchat.engine.client import ChatStream, Sampling, complete_sync
 
 from .conftest import ROOT, TERMCHAT
 
@@ -38,6 +38,23 @@ def test_reply_streams_in_several_steps(shared_engine):
     assert stream.text == "".join(s.text for s in stream.steps) and stream.text.strip()
     assert stream.stats.output_tokens == sum(len(s.token_ids) for s in stream.steps)
     assert stream.stats.decode_tokens_per_s > 0 and stream.stats.ttft_s > 0
+
+
+def test_a_reply_whose_log_probabilities_list_u2028_streams_whole(shared_engine):
+    """vLLM corrects a top-log-probability alternative that completes a
+    character the reply began (bytes e2 80 sampled, a8 listed) to U+2028, and
+    its JSON leaves U+2028 raw. A client that split SSE lines at it (httpx's
+    aiter_lines does) broke a sampled reply in CI as "not JSON". Greedy, this
+    prompt makes the engine send raw U+2028 (checked first, on the bare
+    stream), and the client must still read the whole reply."""
+    messages = [{"role": "user", "content": "Echo: x\u2027y\u2027z\u2027w"}]
+    sampling = Sampling(temperature=0.0, max_tokens=40, logprobs=True, top_logprobs=20)
+    stream = complete_sync(shared_engine, messages, sampling)
+    assert stream.stats.finish_reason in ("stop", "length") and stream.text
+    assert len(stream.token_logprobs) == stream.stats.output_tokens == len(stream.token_top)
+    body = ChatStream(shared_engine, messages, sampling).body()
+    raw = httpx.post(shared_engine.base_url + "/chat/completions", json=body, headers=shared_engine.headers(), timeout=120).content.decode()
+    assert "\u2028" in raw, "the engine sent no raw U+2028 this time: the test needs another prompt"
 
 
 def test_local_speculation_pays_on_repeated_code(shared_engine):
