@@ -10,6 +10,7 @@ start) under other names, with keep_alive set (the suite's default is 0).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,3 +216,18 @@ def test_idle_warm_engines_make_room_longest_idle_first_and_in_use_ones_stay(mon
     ended.clear()
     monkeypatch.setattr(warm, "memory_available", lambda: 30 * gb)
     assert warm.make_room() == []  # room enough: nothing ends
+
+
+def test_proc_stat_fields_survive_a_command_name_with_parentheses_and_spaces(tmp_path):
+    """A process may name itself anything: the fields are read after the last ')'."""
+    odd = tmp_path / "a) S 1 (b"
+    shutil.copy("/bin/sleep", odd)
+    child = subprocess.Popen([str(odd), "5"], start_new_session=True)
+    try:
+        fields = warm.stat_fields(child.pid)
+        assert fields[1] == str(os.getpid()) and fields[2] == str(child.pid)  # parent, process group
+        assert child.pid in group_members(child.pid) and warm.started_at(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert warm.stat_fields(child.pid) == [] and warm.started_at(child.pid) is None

@@ -414,14 +414,13 @@ def summary(turns) -> str:
 
 def children() -> set[int]:
     """Live processes whose parent is this one (commands run by /run and /test)."""
+    from termchat.engine import warm
+
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[1]) == os.getpid():
+            fields = warm.stat_fields(entry.name)
+            if len(fields) > 1 and fields[0] != "Z" and int(fields[1]) == os.getpid():
                 found.add(int(entry.name))
     return found
 

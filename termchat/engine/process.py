@@ -71,15 +71,10 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child
 def group_members(pgid: int) -> list[int]:
     members = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
+        if entry.name.isdigit():
+            fields = warm.stat_fields(entry.name)
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
     return members
 
 

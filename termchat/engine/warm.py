@@ -44,13 +44,20 @@ def lease_dir(engine_pid: int, folder: Path | None = None) -> Path:
 # ---- processes ---------------------------------------------------------------------------
 
 
+def stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat after the command name (which may hold spaces and
+    parentheses): [0] state, [1] parent, [2] process group, [11]/[12] user and
+    system ticks, [19] start time; [] when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def started_at(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/PID/stat field
     22): with the pid, it names one process, never a later one given the same pid."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
+    fields = stat_fields(pid)
     return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
 
 
@@ -76,11 +83,9 @@ def cpu_seconds(pgid: int) -> float:
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for pid in group_members(pgid):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat_fields(pid)
+        if len(fields) > 12:
             total += (int(fields[11]) + int(fields[12])) / ticks
-        except (OSError, ValueError, IndexError):
-            pass
     return total
 
 
