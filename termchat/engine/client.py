@@ -58,9 +58,10 @@ class SSELines:
 
     def close(self) -> list[str]:
         """The last line, if the stream ended without a line end."""
-        text = self._rest + self._decoder.decode(b"", final=True)
+        # all that can be left is one line, perhaps ending in the CR feed() held back
+        line = (self._rest + self._decoder.decode(b"", final=True)).removesuffix("\r")
         self._rest = ""
-        return [line for line in self.ENDS.split(text) if line] if text else []
+        return [line] if line else []
 
 
 async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
