@@ -88,7 +88,7 @@ def cmd_models_list(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from termchat.engine import served
+    from termchat.engine import registry
     from termchat.engine.command import server_command
     from termchat.engine.process import ManagedEngine
 
@@ -112,8 +112,8 @@ def cmd_serve(args) -> int:
     try:
         engine.wait_ready(progress=show)
         done()
-        served.write_state(engine)
-        print(inert(f"serving profile '{profile.name}' at {engine.base_url} (API key in {served.state_file(profile.name)}); log: {engine.log_path}"), file=sys.stderr)
+        registry.write_state(engine)
+        print(inert(f"serving profile '{profile.name}' at {engine.base_url} (API key in {registry.state_file(profile.name)}); log: {engine.log_path}"), file=sys.stderr)
         print("termchat ask --profile " + profile.name + " attaches to it. Ctrl+C stops it.", file=sys.stderr)
         engine.process.wait()  # until Ctrl+C / SIGTERM, or the engine dies
         raise UserError(engine.describe_failure())
@@ -121,7 +121,7 @@ def cmd_serve(args) -> int:
         return 0
     finally:
         done()
-        served.remove_state(profile.name)
+        registry.remove_state(profile.name)
         engine.stop()
 
 
@@ -134,11 +134,11 @@ def terminal_text(text: str, is_terminal: bool) -> str:
 
 
 def cmd_ask(args) -> int:
-    from termchat.conversation import Conversation, TemperatureChoice
+    from termchat.chat.conversation import Conversation, TemperatureChoice
     from termchat.engine.connect import open_engine
     from termchat.engine.endpoint import plain_http_warning
-    from termchat.exchange import Recorder, exchange
-    from termchat.store import Store, StoreError
+    from termchat.chat.reply import Recorder, exchange
+    from termchat.chat.store import Store, StoreError
 
     profile = _config(args).get(args.profile)
     if args.no_speculation:
@@ -217,7 +217,7 @@ def cmd_ask(args) -> int:
 
 
 def cmd_classify(args) -> int:
-    from termchat.classify import temperature_for
+    from termchat.detect.classify import temperature_for
 
     profile = _config(args).get(args.profile)
     for number, line in enumerate(sys.stdin, start=1):
@@ -236,7 +236,7 @@ def cmd_classify(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from termchat.advisor import check
+    from termchat.profiles.advisor import check
 
     profile = _config(args).get(args.profile)
     print(inert(f"profile {profile.name}: {profile.model}" + (f" + {profile.speculative.label()}" if profile.speculative else "")))
@@ -254,7 +254,7 @@ def _verify(profile) -> int:
     """Exit 0 when speculation was shown not to change what is sampled, 1 when it does."""
     import time
 
-    from termchat.verify import DOCTOR_REPLIES, verify
+    from termchat.engine.verify import DOCTOR_REPLIES, verify
 
     print(f"verify: does speculation change what '{profile.name}' samples? (the engine with and without speculation, {DOCTOR_REPLIES} sampled replies each)", flush=True)
     show, done = _progress_printer()
@@ -302,9 +302,9 @@ def _duration(seconds: float | None) -> str:
 
 def cmd_ps(args) -> int:
     """Warm engines (and `termchat serve`'s), as `ollama ps` lists loaded models."""
-    from termchat.engine import warm
+    from termchat.engine import registry
 
-    engines = warm.running_engines()
+    engines = registry.running_engines()
     if not engines:
         print("no engine is running (an engine stays warm for its profile's keep_alive after termchat leaves it)")
         return 0
@@ -316,17 +316,17 @@ def cmd_ps(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from termchat.engine import warm
+    from termchat.engine import registry
 
     if not args.all and not args.name:
         raise UserError("name a profile (`termchat stop PROFILE`) or stop them all (`termchat stop --all`); `termchat ps` lists them")
-    engines = [e for e in warm.running_engines() if args.all or e.profile == args.name]
+    engines = [e for e in registry.running_engines() if args.all or e.profile == args.name]
     if not engines:
         what = "no engine is running" if args.all else f"no engine of profile '{args.name}' is running (`termchat ps` lists them)"
         print(inert(what))
         return 0 if args.all else 1
     for engine in engines:
-        warm.stop_engine(engine)
+        registry.stop_engine(engine)
         print(inert(f"stopped {engine.profile} (pid {engine.pid})"))
     return 0
 
@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="also start the engine with and without speculation and check that speculation does not change what is sampled (exit 1 if it does)")
     p.set_defaults(func=cmd_doctor)
 
-    from termchat.bench.cli import register as register_bench
+    from termchat.bench.command import register as register_bench
 
     register_bench(sub, choose)
 

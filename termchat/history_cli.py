@@ -7,7 +7,7 @@ import sys
 def cmd_history_list(args) -> int:
     import time
 
-    from termchat.store import Store
+    from termchat.chat.store import Store
 
     from termchat.sanitize import inert
 
@@ -23,7 +23,7 @@ def cmd_history_list(args) -> int:
 
 def cmd_history_show(args) -> int:
     from termchat.sanitize import inert
-    from termchat.store import Store
+    from termchat.chat.store import Store
 
     store = Store()
     conv = store.conversation(args.id)
@@ -40,7 +40,7 @@ def cmd_history_show(args) -> int:
 
 
 def cmd_history_export(args) -> int:
-    from termchat.store import Store
+    from termchat.chat.store import Store
 
     from termchat.sanitize import inert
     from termchat.files import write_export
@@ -55,7 +55,7 @@ def cmd_history_export(args) -> int:
 
 
 def cmd_history_delete(args) -> int:
-    from termchat.store import Store
+    from termchat.chat.store import Store
 
     from termchat.sanitize import inert
 

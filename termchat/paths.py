@@ -7,6 +7,8 @@ state/ inside), which tests use to stay out of the user's real folders.
 from __future__ import annotations
 
 import os
+import secrets
+import stat
 from pathlib import Path
 
 import platformdirs
@@ -57,6 +59,8 @@ def private_dir(path: Path) -> Path:
     read them. So are the folders created on the way to it, and termchat's
     own state and data folders that hold it (mkdir gives parents the umask's
     mode: the state folder was 0755 with 0700 folders inside)."""
+    if path.is_symlink():
+        raise OSError(f"{path} is a symbolic link, not a folder termchat made; remove it")
     created = []
     folder = path
     while not folder.exists() and folder != folder.parent:
@@ -92,3 +96,47 @@ def private_file(path: Path) -> Path:
     except FileExistsError:
         tighten(path)
     return path
+
+
+def read_private(path: Path, limit: int = 1 << 20) -> bytes | None:
+    """The bytes of a file termchat wrote in one of its private folders, or
+    None: a symlink is not followed, and a FIFO, a device or a folder by that
+    name is not read (opening a FIFO would hang), nor a file over `limit`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        return os.read(fd, limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a private file whole (0600): to a new file beside it, renamed over
+    it, so a symlink or another file planted at `path` is replaced, never
+    followed or written through, and an existing file's looser mode goes."""
+    private_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), 0o600)  # whatever the umask
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def is_plain_file(path: Path) -> bool:
+    """A regular file, not behind a symlink."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False

@@ -24,20 +24,22 @@ from pygments.formatters import Terminal256Formatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from termchat import apply, paths, project, testing
-from termchat.apply import UndoStack
-from termchat.commands import SessionCommands, apply_arguments, code_block, dispatch, help_text
+from termchat.coding import apply, project, project_tests
+
+from termchat import paths
+from termchat.coding.apply import UndoStack
+from termchat.slash import SessionCommands, apply_arguments, code_block, dispatch, help_text
 from termchat.engine.client import ReplyInterrupted
 from termchat.engine.controller import EngineController
 from termchat.engine.endpoint import plain_http_warning
 from termchat.errors import UserError
-from termchat.exchange import exchange
+from termchat.chat.reply import exchange
 from termchat.profiles import Config
-from termchat.reply_code import CodeBlock, code_blocks
+from termchat.coding.reply_code import CodeBlock, code_blocks
 from termchat.sanitize import Sanitizer, inert
-from termchat.session import ChatSession
-from termchat.shell import CommandRun
-from termchat.store import Store
+from termchat.chat.session import ChatSession
+from termchat.coding.shell import CommandRun
+from termchat.chat.store import Store
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
@@ -219,7 +221,7 @@ class Repl(SessionCommands):
             if handler:
                 loop.remove_signal_handler(signal.SIGINT)
 
-    # ---- the slash commands (termchat.commands) ------------------------------------------
+    # ---- the slash commands (termchat.slash) ------------------------------------------
 
     async def do_profile(self, arg: str) -> None:
         if arg not in self.session.config.profiles:
@@ -300,7 +302,7 @@ class Repl(SessionCommands):
         self.say(f"the output of `{self.last_run.command}` goes with your next message")
 
     async def do_test(self, arg: str) -> None:
-        command, source = testing.resolve_test_command(arg, self.session.profile.test_command, Path.cwd())
+        command, source = project_tests.resolve_test_command(arg, self.session.profile.test_command, Path.cwd())
         if source is not None and not project.approved(source, command):
             self.say(project.approval_question(source, command))
             answer = await self.prompt.prompt_async("run it? (y/N) ", default="")
@@ -316,20 +318,20 @@ class Repl(SessionCommands):
             self.say("tests pass" + (" after the fix" if self.last_failure else ""))
             self.last_failure = None
         else:
-            self.last_failure = (command, testing.failure_summary(run.output))
+            self.last_failure = (command, project_tests.failure_summary(run.output))
             self.say(f"tests fail ({run.outcome()}). /fix sends this summary and asks for a fix (/fix 3: up to 3 rounds of fix, apply, test):\n{self.last_failure[1]}")
 
     async def do_fix(self, arg: str) -> None:
         """One request; with ROUNDS, the loop: fix, apply where the last /apply wrote, test."""
         if self.last_failure is None:
             raise UserError("no failing /test to fix; run /test first")
-        rounds = testing.fix_rounds(arg)
+        rounds = project_tests.fix_rounds(arg)
         for _ in range(max(rounds, 1)):
             command, summary = self.last_failure
-            if not await self.send(testing.fix_request(command, summary, testing.fix_files(self.applied, summary, Path.cwd()))) or not rounds:
+            if not await self.send(project_tests.fix_request(command, summary, project_tests.fix_files(self.applied, summary, Path.cwd()))) or not rounds:
                 return
             blocks = [(block.language, block.code) for block in code_blocks(self.session.conversation.messages[-1]["content"])]
-            changes = testing.plan_fix(blocks, self.applied, Path.cwd())
+            changes = project_tests.plan_fix(blocks, self.applied, Path.cwd())
             self._show(changes)
             self._write(changes)
             await self.do_test(self.last_failure[0])

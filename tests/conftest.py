@@ -64,7 +64,7 @@ async def streamed_view(app, pieces: list[str]):
 
 
 def group_alive(pgid: int) -> list[int]:
-    from termchat.engine.process import group_members
+    from termchat.engine.proc import group_members
 
     return group_members(pgid)
 
@@ -92,7 +92,7 @@ def prepared_model(termchat_home):
 @pytest.fixture(scope="session")
 def shared_engine(prepared_model):
     """The session's one `local` engine, run by `termchat serve`."""
-    from termchat.engine.served import find_served
+    from termchat.engine.registry import find_served
     from termchat.profiles import builtin_profiles
 
     profile = builtin_profiles()["local"]

@@ -1,14 +1,19 @@
-"""A scripted stand-in for an OpenAI-compatible endpoint (NOT vLLM).
+"""Scripted stand-ins for an OpenAI-compatible endpoint (NOT vLLM).
 
-Only for what the real engine cannot be made to do on demand: send a broken
-stream, an error mid-reply, close early, never answer, or present a
-self-signed certificate. It serves `/v1/models` and streams the scripted
-lines of one scenario for every `/v1/chat/completions`.
+Only for what the real engine cannot be made to do on demand:
+- `StandIn`: send a broken stream, an error mid-reply, close early, never
+  answer, or present a self-signed certificate. It serves `/v1/models` and
+  streams the scripted lines of one scenario for every `/v1/chat/completions`.
+- `SlowEndpoint`: the keyboard monkey's engine (tests/monkey.py), which streams
+  short replies a few milliseconds a step, at any moment, and records every
+  request.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import sys
 import ssl
 import threading
 import time
@@ -102,5 +107,105 @@ class StandIn:
 
     def __exit__(self, *exc) -> None:
         self.stopped.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+WORDS = "the a reply streams here while keys land now and then on it so".split()
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-answer (a reply cut, an app quitting) is the
+    point of the monkey, not an error to print."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class SlowEndpoint:
+    """A scripted stand-in for an OpenAI-compatible server (NOT vLLM).
+
+    Every chat completion streams `min_steps` to `max_steps` steps of 1-3 tokens, `step_s`
+    apart, sometimes with a Python code block (for the code-block keys), or
+    as `script` says. It keeps each request's messages, to check their order
+    afterwards."""
+
+    def __init__(self, seed: int = 0, step_s: float = 0.01, max_steps: int = 60, min_steps: int = 3, script: list[int] | None = None):
+        self.requests: list[list[dict]] = []  # the messages of each chat completion
+        self.other: list[str] = []  # any other POST (none expected)
+        self.random = random.Random(seed)
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send(200, json.dumps({"data": [{"id": MODEL}]}).encode())
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", 0))
+                body = self.rfile.read(length)
+                if len(body) < length:  # the client cut the request while sending it: no request
+                    self.close_connection = True
+                    return
+                request = json.loads(body or b"{}")
+                if self.path.endswith("/detokenize"):  # the draft tint (F8) asks for token texts
+                    self._send(200, json.dumps({"prompt": f"<{request.get('tokens')}>"}).encode())
+                    return
+                if not self.path.endswith("/chat/completions"):
+                    outer.other.append(self.path)
+                    self._send(404, b'{"error": "not served by the stand-in"}')
+                    return
+                with outer.lock:
+                    outer.requests.append(request.get("messages", []))
+                    steps, code = outer.random.randint(min_steps, max_steps), outer.random.random() < 0.3
+                    if script:  # the steps of each request in turn (the last one repeats)
+                        steps = script[min(len(outer.requests), len(script)) - 1]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                # paragraphs of 12 steps: the Markdown stream re-parses the last block per step
+                pieces = [f" {WORDS[i % len(WORDS)]}" + ("\n\n" if i % 12 == 11 else "") for i in range(steps)]
+                if code:
+                    pieces[steps // 2] += "\n\n```python\nprint('monkey')\n```\n\n"
+                try:
+                    for number, piece in enumerate(pieces):
+                        ids = list(range(1 + number % 3))
+                        self._line({"choices": [{"delta": {"content": piece}, "token_ids": ids, "finish_reason": None}]})
+                        time.sleep(step_s)
+                    self._line({"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 10, "completion_tokens": steps}})
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                except OSError:  # the client cut the reply
+                    pass
+                self.close_connection = True
+
+            def _line(self, chunk: dict) -> None:
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> SlowEndpoint:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()

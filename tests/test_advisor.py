@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from termchat.advisor import Gpu, check
+from termchat.profiles.advisor import Gpu, check
 from termchat.profiles import parse_config
 
 TWO_A100 = [Gpu("A100-80GB", 81920, 80000), Gpu("A100-80GB", 81920, 80000)]
@@ -78,7 +78,7 @@ def test_no_gpu():
 
 
 def test_the_band_fits_the_method():
-    from termchat.advisor import band
+    from termchat.profiles.advisor import band
 
     # fixed-k methods: the article's acceptance bands
     assert band("draft_model", 0.35)[0] == "low" and band("eagle3", 0.5)[0] == "moderate" and band("mtp", 0.7)[0] == "strong"

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from termchat import apply
+from termchat.coding import apply
 from termchat.errors import UserError
 
 OLD = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"

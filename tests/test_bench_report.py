@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from termchat.bench import prompts as prompt_sets
+from termchat.bench import prompt_sets
 from termchat.engine.stats import ReplyStats
 from termchat.bench.report import Sample, bar_chart, ideal_speedup, lossless_line, quantiles, summarize, table, verdict
 from termchat.errors import UserError
@@ -162,7 +162,7 @@ def test_a_sharpened_category_fails():
     replies, *more* probable than without speculation): the ranks' test sees it."""
     import numpy as np
 
-    from termchat.verify import stream_row
+    from termchat.engine.verify import stream_row
 
     from .test_verify import reply
 

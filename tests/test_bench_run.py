@@ -7,7 +7,7 @@ import json
 import pytest
 
 from termchat import cli
-from termchat.bench import results
+from termchat.profiles import measured as results
 
 pytestmark = pytest.mark.engine
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from termchat import cli
-from termchat.classify import Classification, classify, temperature_for
+from termchat.detect.classify import Classification, classify, temperature_for
 
 CODE = [
     "écris un test Jest pour cette fonction",
@@ -103,7 +103,7 @@ def test_decoys_that_name_a_language_or_an_artefact(prompt):
 def test_a_word_of_code_counts_once_in_the_rules():
     """"algorithm" once counted as two signs. (The topic probe calls this
     history-of-computing question a programming topic: arguably it is.)"""
-    from termchat.classify import _score
+    from termchat.detect.classify import _score
 
     assert _score("Who invented the algorithm that ranks web pages?")[0] < 2
 
@@ -145,7 +145,7 @@ def test_the_parts_of_the_second_set_the_rules_were_tuned_on_stay_right():
         assert right / total >= 0.97, (split, right, total)
 
 
-# ---- the topic probe: the default model's first layers (termchat/topic_probe.py) ------
+# ---- the topic probe: the default model's first layers (termchat/detect/topic_probe.py) ------
 
 KNOWLEDGE = [  # programming questions with no code and no programming word the rules know
     "What is a monad, in practical terms for a programmer?",
@@ -155,7 +155,7 @@ KNOWLEDGE = [  # programming questions with no code and no programming word the 
 
 @pytest.fixture
 def fresh_probe():
-    from termchat import topic_probe
+    from termchat.detect import topic_probe
 
     topic_probe.forget()
     yield topic_probe
@@ -164,7 +164,7 @@ def fresh_probe():
 
 @pytest.mark.parametrize("prompt", KNOWLEDGE)
 def test_the_model_knows_programming_topics_the_rules_do_not(prompt, fresh_probe):
-    from termchat.classify import _score
+    from termchat.detect.classify import _score
 
     assert _score(prompt)[0] < 2  # the rules alone would say text
     result = classify(prompt)
@@ -189,7 +189,8 @@ def test_a_probe_fitted_on_another_model_is_not_used(fresh_probe, monkeypatch, t
 
 def test_the_probe_is_fitted_on_the_packaged_default_model():
     """Bumping the packaged GGUF without refitting (python -m termchat.bench.classify_train) fails here."""
-    from termchat import models, topic_probe
+    from termchat import models
+    from termchat.detect import topic_probe
 
     assert topic_probe.load_probe().source == {"package": models.SMOLLM2_PACKAGE, "file": models.SMOLLM2_GGUF}
 

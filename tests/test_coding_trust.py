@@ -19,14 +19,14 @@ import pytest
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from termchat import apply, project, testing
-from termchat.commands import dispatch
+from termchat.coding import apply, project, project_tests
+from termchat.slash import dispatch
 from termchat.engine.command import owned, server_command
 from termchat.errors import UserError
 from termchat.profiles import Config, builtin_profiles, parse_config
 from termchat.repl import Repl
 from termchat.sanitize import clean_code, inert
-from termchat.shell import LINE_CHARS, CommandRun
+from termchat.coding.shell import LINE_CHARS, CommandRun
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.apply_diff import ApplyDiff
 from termchat.ui.screens.confirm import Confirm
@@ -42,10 +42,10 @@ def test_a_termchat_toml_in_a_parent_folder_is_not_the_projects(tmp_path):
     (tmp_path / ".termchat.toml").write_text('test_command = "touch planted"\n')
     (tmp_path / "x").mkdir()
     with pytest.raises(UserError, match="no test command found"):
-        testing.resolve_test_command("", None, tmp_path / "x")
+        project_tests.resolve_test_command("", None, tmp_path / "x")
     # the git root's own file is the project's, and comes with its path (for the approval)
     (tmp_path / ".git").mkdir()
-    assert testing.resolve_test_command("", None, tmp_path / "x") == ("touch planted", tmp_path.resolve() / ".termchat.toml")
+    assert project_tests.resolve_test_command("", None, tmp_path / "x") == ("touch planted", tmp_path.resolve() / ".termchat.toml")
 
 
 def projects_test_command(tmp_path, text: str):
@@ -342,7 +342,7 @@ async def test_tests_of_a_module_at_the_root_import_it(tmp_path):
     venv = tmp_path / ".venv" / "bin"
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(sys.executable)  # the project's own interpreter, preferred
-    command_line, source = testing.resolve_test_command("", None, tmp_path)
+    command_line, source = project_tests.resolve_test_command("", None, tmp_path)
     assert command_line.startswith(f"{venv / 'python'} -m pytest") and source is None
     run = CommandRun(command_line, cwd=tmp_path)
     output = "".join([text async for text in run.chunks()])
@@ -355,18 +355,18 @@ def test_the_fix_request_names_the_module_the_failing_test_imports(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_prime.py").write_text(ROOT_TEST)
     summary = "- FAILED tests/test_prime.py::test_seven\n    assert False\n    at tests/test_prime.py:5"
-    assert testing.fix_files([], summary, tmp_path) == ["prime.py"]
+    assert project_tests.fix_files([], summary, tmp_path) == ["prime.py"]
 
 
 def test_the_fix_request_names_the_files_at_hand():
     # was: the default model copied `# calc.py` from the request's example
     summary = "- FAILED tests/test_prime.py::test_seven\n    assert False\n    at tests/test_prime.py:5\n    at prime.py:2"
-    files = testing.fix_files([], summary, project.Path("/p"))
+    files = project_tests.fix_files([], summary, project.Path("/p"))
     assert files == ["prime.py"]
-    request = testing.fix_request("pytest", summary, files)
+    request = project_tests.fix_request("pytest", summary, files)
     assert "`# prime.py`" in request and "calc.py" not in request
-    assert testing.fix_files([project.Path("/p/src/app.js")], summary, project.Path("/p")) == ["src/app.js"]
-    assert "`// src/app.js`" in testing.fix_request("npm test", summary, ["src/app.js"])
+    assert project_tests.fix_files([project.Path("/p/src/app.js")], summary, project.Path("/p")) == ["src/app.js"]
+    assert "`// src/app.js`" in project_tests.fix_request("npm test", summary, ["src/app.js"])
 
 
 # ---- 7. config text is inert everywhere ----------------------------------------------------------

@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from termchat.commands import COMMANDS, dispatch, find, help_rows, help_text
+from termchat.slash import COMMANDS, dispatch, find, help_rows, help_text
 from termchat.errors import UserError
 from termchat.repl import Repl
 from termchat.ui.app import TermchatApp

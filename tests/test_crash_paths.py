@@ -17,14 +17,16 @@ import pytest
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from termchat import apply, cli, paths
-from termchat.attach import fenced_file
-from termchat.commands import dispatch
+from termchat.coding import apply
+
+from termchat import cli, paths
+from termchat.coding.attach import fenced_file
+from termchat.slash import dispatch
 from termchat.errors import UserError
 from termchat.profiles import Config, builtin_profiles
 from termchat.repl import Repl
-from termchat.session import ChatSession
-from termchat.store import Store, StoreError
+from termchat.chat.session import ChatSession
+from termchat.chat.store import Store, StoreError
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.widgets.message import MessageView

@@ -17,7 +17,7 @@ import pytest
 from termchat import cli
 from termchat.engine.endpoint import Engine, plain_http_warning
 from termchat.profiles import Profile, parse_config
-from termchat.store import Store
+from termchat.chat.store import Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.widgets.message import MessageView
 

@@ -145,7 +145,7 @@ def test_the_built_in_engine_forks_its_engine_core_and_corrects_sampling_there(s
     # fork would hang the child
     import re
 
-    from termchat.engine.process import group_members
+    from termchat.engine.proc import group_members
 
     members = group_members(shared_engine.pid)
     assert len(members) == 2, members

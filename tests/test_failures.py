@@ -18,7 +18,7 @@ from prompt_toolkit.output import DummyOutput
 
 from termchat.profiles import parse_config
 from termchat.repl import Repl
-from termchat.store import Store
+from termchat.chat.store import Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.widgets.status import StatusBar
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from termchat import cli
-from termchat.store import Store
+from termchat.chat.store import Store
 
 from .conftest import ROOT, TERMCHAT
 

@@ -2,7 +2,7 @@
 streams or the engine starts, the app stays up and the model sees the
 conversation on screen, stored as shown.
 
-The engine here is `SlowEndpoint` (termchat.bench.monkey), a scripted
+The engine here is `SlowEndpoint` (tests.monkey), a scripted
 stand-in, NOT vLLM: these tests cut replies at chosen moments and make the
 engine start slowly, which the real engine cannot be made to do on demand.
 Each test is a crash or a broken invariant the keyboard monkey found.
@@ -15,9 +15,9 @@ import contextlib
 
 import pytest
 
-from termchat.bench import monkey
-from termchat.bench.monkey import SlowEndpoint, act, check_requests, check_screen, check_store, config_for
-from termchat.store import Store
+from . import monkey
+from tests.monkey import SlowEndpoint, act, check_requests, check_screen, check_store, config_for
+from termchat.chat.store import Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.screens.picker import ProfilePicker

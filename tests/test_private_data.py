@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from termchat import cli, paths
-from termchat.attach import fenced_file
-from termchat.engine import process, served
+from termchat.coding.attach import fenced_file
+from termchat.engine import process, registry
 from termchat.errors import UserError
 from termchat.engine.stats import ReplyStats
 from termchat.profiles import builtin_profiles
 from termchat.repl import Repl
-from termchat.store import COMPLETE, MIGRATIONS, ReplyWriter, Store
+from termchat.chat.store import COMPLETE, MIGRATIONS, ReplyWriter, Store
 
 from .conftest import wait_for
 
@@ -201,7 +201,7 @@ def test_a_damaged_or_foreign_serve_state_file_is_ignored(content):
     if content is None:  # well formed, but the pid is a live process that is not a vLLM server
         content = f'{{"base_url": "http://127.0.0.1:9/v1", "api_key": "k", "pid": {os.getpid()}, "model": "m", "log": "/tmp/x"}}'
     state.write_text(content)
-    assert served.find_served(profile) is None
+    assert registry.find_served(profile) is None
     assert not state.exists()
 
 

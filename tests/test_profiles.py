@@ -6,7 +6,7 @@ import pytest
 
 from termchat import cli
 from termchat.profiles import DEFAULT_MODEL, load_config, parse_config
-from termchat.store import Store
+from termchat.chat.store import Store
 
 from .conftest import ROOT
 

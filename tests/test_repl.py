@@ -9,10 +9,10 @@ import pytest
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from termchat.commands import dispatch
+from termchat.slash import dispatch
 from termchat.profiles import load_config
 from termchat.repl import Repl
-from termchat.store import Store
+from termchat.chat.store import Store
 
 pytestmark = pytest.mark.engine
 

@@ -10,7 +10,7 @@ import pytest
 
 from termchat.engine.client import ChatStream, Sampling
 from termchat.profiles import builtin_profiles, parse_config
-from termchat.session import ChatSession
+from termchat.chat.session import ChatSession
 from termchat.errors import UserError
 
 KNOBS = 'top_k = 40\nmin_p = 0.05\nrepetition_penalty = 1.1\npresence_penalty = 0.5\nfrequency_penalty = -0.5\nstop = ["###", "\\nUser:"]\nseed = 7\n'

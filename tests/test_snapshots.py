@@ -51,8 +51,8 @@ async def fixed_conversation(pilot) -> None:
 @pytest.fixture(autouse=True)
 def fixed_bench_results(monkeypatch):
     """The picker shows the last bench of each profile: fixed figures, not whatever a test benched."""
-    monkeypatch.setattr("termchat.bench.results.summary", lambda name: "code 1.34x chat 0.92x" if name == "local-ngram" else "")
-    monkeypatch.setattr("termchat.bench.results.step_cost", lambda name: None)
+    monkeypatch.setattr("termchat.profiles.measured.summary", lambda name: "code 1.34x chat 0.92x" if name == "local-ngram" else "")
+    monkeypatch.setattr("termchat.profiles.measured.step_cost", lambda name: None)
 
 
 def make_app(theme: str) -> TermchatApp:

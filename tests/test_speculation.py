@@ -21,13 +21,13 @@ from dataclasses import replace
 
 import pytest
 
-from termchat import verify
+from termchat.engine import verify
 from termchat.engine.connect import open_engine
 from termchat.engine import server_counters
 from termchat.engine.client import Sampling, complete, complete_sync
 from termchat.engine.endpoint import remote_engine
 from termchat.profiles import builtin_profiles, load_config, parse_config
-from termchat.speculation import NGRAM
+from termchat.profiles.speculation import NGRAM
 
 from .conftest import ROOT, TERMCHAT, group_alive, vllm_processes
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from termchat.engine.stats import ReplyStats
-from termchat.store import COMPLETE, CUT, MIGRATIONS, STREAMING, ReplyWriter, Store, StoreError
+from termchat.chat.store import COMPLETE, CUT, MIGRATIONS, STREAMING, ReplyWriter, Store, StoreError
 
 REPLY = """Here you go:
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from termchat.store import Store
+from termchat.chat.store import Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.apply_diff import ApplyDiff
 from termchat.ui.screens.history import HistoryScreen

@@ -7,7 +7,7 @@ import json
 from textual.widgets import Input
 
 from termchat.engine.stats import ReplyStats
-from termchat.store import CUT, Store
+from termchat.chat.store import CUT, Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.ask_text import AskText
 from termchat.ui.screens.history import HistoryScreen

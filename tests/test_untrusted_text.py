@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from termchat import cli
 from termchat.sanitize import BIDI, Sanitizer, clean_code, inert
-from termchat.store import Store
+from termchat.chat.store import Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.widgets.message import MessageView

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from termchat.engine.client import ChatStream, Sampling
-from termchat.verify import ALPHA, Samples, compare, lossless_test, mid_pits, sampling_distribution
+from termchat.engine.verify import ALPHA, Samples, compare, lossless_test, mid_pits, sampling_distribution
 
 PROMPTS = ["copy this list", "rename these variables"]
 

@@ -1,4 +1,4 @@
-"""Warm engines (engine/warm.py): an engine outlives its front-end for the
+"""Warm engines (engine/watchdog.py, registry.py): an engine outlives its front-end for the
 profile's keep_alive, later front-ends attach to it, and it ends itself.
 
 The real vLLM engine (the CPU build, the packaged SmolLM2), not the session's
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from termchat.engine import served, warm
+from termchat.engine import proc, registry, state, watchdog
 from termchat.engine.controller import EngineController
-from termchat.engine.process import group_members
+from termchat.engine.proc import group_members
 from termchat.profiles import load_config
 
 from .conftest import ROOT, TERMCHAT
@@ -51,7 +51,7 @@ def profile(config: Path, name: str):
 
 
 def warm_pids() -> dict[str, int]:
-    return {e.profile: e.pid for e in warm.running_engines() if e.keep_alive is not None}
+    return {e.profile: e.pid for e in registry.running_engines() if e.keep_alive is not None}
 
 
 def gone(pid: int, within: float) -> bool:
@@ -67,9 +67,9 @@ def gone(pid: int, within: float) -> bool:
 def no_warm_engine_left(prepared_model):
     """Whatever a test leaves warm is stopped, and nothing of it may survive."""
     yield
-    for engine in warm.running_engines():
+    for engine in registry.running_engines():
         if engine.keep_alive is not None:  # not the session's `termchat serve`
-            warm.stop_engine(engine)
+            registry.stop_engine(engine)
             assert not group_members(engine.pid)
 
 
@@ -93,7 +93,7 @@ def test_a_relaunch_attaches_to_the_warm_engine_and_stop_all_ends_it(tmp_path):
     stopped = subprocess.run([*TERMCHAT, "stop", "--all"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert stopped.returncode == 0 and f"pid {pid}" in stopped.stdout
     assert not group_members(pid) and warm_pids() == {}
-    assert not served.state_file("warm-ask").exists()
+    assert not registry.state_file("warm-ask").exists()
 
 
 async def test_switching_a_to_b_to_a_attaches_to_a_and_an_edited_profile_starts_afresh(tmp_path):
@@ -125,7 +125,7 @@ async def test_two_front_ends_share_one_engine_which_expires_once_both_leave(tmp
     assert await second.health()
     await two.stop()
     assert gone(first.pid, 60)
-    assert not served.state_file("warm-s").exists() and not warm.lease_dir(first.pid).exists()
+    assert not registry.state_file("warm-s").exists() and not state.lease_dir(first.pid).exists()
 
 
 def test_the_engine_of_a_sigkilled_front_end_still_expires(tmp_path):
@@ -165,37 +165,40 @@ def test_keep_alive_comes_from_the_profile_then_the_environment_then_five_minute
 # ---- the watchdog's decisions, on state files alone (no engine) -------------------------------
 
 
+def write_record(path, pid, started="1", keep_alive=60.0):
+    state.write_record(path, state.EngineRecord("http://127.0.0.1:9/v1", "k", pid, started, "m", "/tmp/log", keep_alive=keep_alive))
+    return path
+
+
 def test_the_watchdog_keeps_a_leased_engine_and_ends_an_unused_one(tmp_path):
     engine_pid = 4_000_000  # above pid_max: no such process
-    state = tmp_path / "p.json"
-    state.write_text(f'{{"pid": {engine_pid}}}')
-    dog = warm.Watchdog(tmp_path, keep_alive=10, pid=engine_pid)
-    lease = warm.take_lease(engine_pid, tmp_path)  # this test process uses it
+    state_path = write_record(tmp_path / "p.json", engine_pid)
+    dog = watchdog.Watchdog(tmp_path, keep_alive=10, pid=engine_pid)
+    lease = state.take_lease(engine_pid, tmp_path)  # this test process uses it
     assert not dog.tick(now=dog.last_used + 100)
-    warm.drop_lease(lease)
+    state.drop_lease(lease)
     assert not dog.tick(now=dog.last_used + 5)  # unused, but not for keep_alive yet
-    assert dog.tick(now=dog.last_used + 11) and not state.exists()
+    assert dog.tick(now=dog.last_used + 11) and not state_path.exists()
 
 
 def test_a_lease_taken_as_the_engine_expires_keeps_it(tmp_path, monkeypatch):
     engine_pid = 4_000_000
-    state = tmp_path / "p.json"
-    state.write_text(f'{{"pid": {engine_pid}}}')
-    dog = warm.Watchdog(tmp_path, keep_alive=1, pid=engine_pid)
+    state_path = write_record(tmp_path / "p.json", engine_pid)
+    dog = watchdog.Watchdog(tmp_path, keep_alive=1, pid=engine_pid)
     looks = iter([[], [1234]])  # no lease; then, once the state file is aside, one
-    monkeypatch.setattr(warm, "live_leases", lambda *args: next(looks))
+    monkeypatch.setattr(state, "live_leases", lambda *args: next(looks))
     assert not dog.tick(now=dog.last_used + 5)
-    assert state.exists() and not state.with_suffix(".expiring").exists()
+    assert state_path.exists() and not state_path.with_suffix(".expiring").exists()
 
 
 def test_a_lease_of_a_dead_or_recycled_process_holds_nothing(tmp_path):
     engine_pid = 4_000_000
-    where = warm.lease_dir(engine_pid, tmp_path)
+    where = state.lease_dir(engine_pid, tmp_path)
     where.mkdir(parents=True)
     (where / "4000001.aa").write_text("123")  # no such process
     (where / f"{os.getpid()}.bb").write_text("1")  # this pid, but another start time
-    mine = warm.take_lease(engine_pid, tmp_path)
-    assert warm.live_leases(engine_pid, tmp_path) == [os.getpid()]
+    mine = state.take_lease(engine_pid, tmp_path)
+    assert state.live_leases(engine_pid, tmp_path) == [os.getpid()]
     assert sorted(p.name for p in where.iterdir()) == [mine.name]
     assert oct(where.stat().st_mode & 0o777) == "0o700" and oct(mine.stat().st_mode & 0o777) == "0o600"
 
@@ -204,18 +207,18 @@ def test_idle_warm_engines_make_room_longest_idle_first_and_in_use_ones_stay(mon
     gb = 2**30
 
     def engine(name, idle, users=0, keep=300.0):
-        return warm.WarmEngine(name, "m", "plain", 1, 1, 3 * gb, users, idle, keep, tmp_path / f"{name}.json")
+        return registry.WarmEngine(name, "m", "plain", 1, 1, 3 * gb, users, idle, keep, tmp_path / f"{name}.json")
 
     engines = [engine("recent", 10), engine("oldest", 900), engine("in-use", 0, users=1), engine("served", 5000, keep=None), engine("older", 500)]
     ended = []
-    monkeypatch.setattr(warm, "running_engines", lambda *a: [e for e in engines if e not in ended])
-    monkeypatch.setattr(warm, "stop_engine", ended.append)
-    monkeypatch.setattr(warm, "memory_available", lambda: 9 * gb)  # 15 GB used by the five, 24 in all
+    monkeypatch.setattr(registry, "running_engines", lambda *a: [e for e in engines if e not in ended])
+    monkeypatch.setattr(registry, "stop_engine", ended.append)
+    monkeypatch.setattr(proc, "memory_available", lambda: 9 * gb)  # 15 GB used by the five, 24 in all
     # budget: half of 24 GB = 12; the five (15) and a new one (3) need 18: two must go
-    assert [e.profile for e in warm.make_room()] == ["oldest", "older"]
+    assert [e.profile for e in registry.make_room()] == ["oldest", "older"]
     ended.clear()
-    monkeypatch.setattr(warm, "memory_available", lambda: 30 * gb)
-    assert warm.make_room() == []  # room enough: nothing ends
+    monkeypatch.setattr(proc, "memory_available", lambda: 30 * gb)
+    assert registry.make_room() == []  # room enough: nothing ends
 
 
 def test_proc_stat_fields_survive_a_command_name_with_parentheses_and_spaces(tmp_path):
@@ -224,10 +227,10 @@ def test_proc_stat_fields_survive_a_command_name_with_parentheses_and_spaces(tmp
     shutil.copy("/bin/sleep", odd)
     child = subprocess.Popen([str(odd), "5"], start_new_session=True)
     try:
-        fields = warm.stat_fields(child.pid)
+        fields = proc.stat_fields(child.pid)
         assert fields[1] == str(os.getpid()) and fields[2] == str(child.pid)  # parent, process group
-        assert child.pid in group_members(child.pid) and warm.started_at(child.pid)
+        assert child.pid in group_members(child.pid) and proc.started_at(child.pid)
     finally:
         child.kill()
         child.wait()
-    assert warm.stat_fields(child.pid) == [] and warm.started_at(child.pid) is None
+    assert proc.stat_fields(child.pid) == [] and proc.started_at(child.pid) is None

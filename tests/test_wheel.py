@@ -16,20 +16,22 @@ def test_wheel_contains_and_loads_its_data(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("termchat/themes/termchat-dark.toml", "termchat/themes/termchat-light.toml", "termchat/themes/high-contrast.toml",
                  "termchat/bench/prompts/code.jsonl", "termchat/ui/widgets/message.tcss", "termchat/ui/screens/chat.tcss",
-                 "termchat/topic_probe.json"):
+                 "termchat/detect/topic_probe.json"):
         assert name in names, name
+    harness = [n for n in names if n.startswith("termchat/") and any(w in n for w in ("monkey", "standin", "conftest"))]
+    assert not harness, harness  # the test harness lives in tests/, not in the shipped package
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     probe = (
         "import termchat, sys\n"
         f"assert termchat.__file__.startswith({str(site)!r}), termchat.__file__\n"
         "from termchat.ui.themes import load_all\n"
-        "from termchat.bench.prompts import builtin\n"
+        "from termchat.bench.prompt_sets import builtin\n"
         "themes, problems = load_all()\n"
         "assert {'termchat-dark', 'termchat-light', 'high-contrast'} <= set(themes), themes\n"
         "assert all(t.source.startswith(" + repr(str(site)) + ") for t in themes.values()), [t.source for t in themes.values()]\n"
         "assert len(builtin()) >= 60\n"
-        "from termchat import topic_probe\n"
+        "from termchat.detect import topic_probe\n"
         "assert topic_probe.WEIGHTS.is_relative_to(" + repr(str(site)) + ") and len(topic_probe.load_probe().weights) == 576\n"
         "print('ok')\n"
     )

@@ -20,8 +20,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from termchat import topic_probe
-from termchat.classify import classify, rules_only
+from termchat.detect import topic_probe
+from termchat.detect.classify import classify, rules_only
 
 DEFAULT_SET = Path(__file__).resolve().parents[2] / "tests" / "data" / "classify_eval.jsonl"
 

@@ -2,9 +2,9 @@
 
 Reads the labelled prompt sets the detector is tuned on (tests/data/
 classify_eval.jsonl and classify_unseen.jsonl, every split), runs each prompt
-through the default model's first layers (termchat.topic_probe.Encoder), fits
+through the default model's first layers (termchat.detect.topic_probe.Encoder), fits
 a logistic regression (L2, full-batch gradient descent: deterministic) and
-writes termchat/topic_probe.json. tests/data/classify_sessions.jsonl is never
+writes termchat/detect/topic_probe.json. tests/data/classify_sessions.jsonl is never
 read here: it is the held-out set that measures the result.
 """
 
@@ -15,7 +15,9 @@ import json
 import time
 from pathlib import Path
 
-from termchat import models, topic_probe
+from termchat import models
+
+from termchat.detect import topic_probe
 
 DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
 TRAINING_SETS = ("classify_eval.jsonl", "classify_unseen.jsonl")

@@ -79,7 +79,7 @@ def one_start(profile) -> dict[str, float]:
 
 
 def engine_processes(pgid: int) -> list[int]:
-    from termchat.engine.process import group_members
+    from termchat.engine.proc import group_members
 
     return group_members(pgid)
 

@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     env["TERMCHAT_MODELS"] = str(paths.models_dir())
     serve = subprocess.Popen([sys.executable, "-m", "termchat.cli", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     os.environ.update(TERMCHAT_HOME=home, TERMCHAT_MODELS=env["TERMCHAT_MODELS"])
-    from termchat.engine.served import find_served
+    from termchat.engine.registry import find_served
     from termchat.profiles import builtin_profiles
-    from termchat.store import Store
+    from termchat.chat.store import Store
 
     try:
         deadline = time.monotonic() + 400

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from termchat import models
-from termchat.bench.prompts import builtin
+from termchat.bench.prompt_sets import builtin
 from termchat.bench.roofline import read_bandwidth, weight_count
 from termchat.engine.client import Sampling, complete_sync
 from termchat.engine.connect import open_engine

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from termchat import verify
+from termchat.engine import verify
 
 CONTROL = "correct sampler, simulated, against itself"
 DEFECTS = {

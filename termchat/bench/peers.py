@@ -27,7 +27,7 @@ import sys
 import time
 from collections import defaultdict
 
-from termchat.bench.prompts import builtin
+from termchat.bench.prompt_sets import builtin
 
 
 def termchat_speeds(name: str, prompts, max_tokens: int) -> list[float]:

@@ -28,8 +28,8 @@ import statistics
 import sys
 import time
 
-from termchat.bench.prompts import builtin
-from termchat.classify import temperature_for
+from termchat.bench.prompt_sets import builtin
+from termchat.detect.classify import temperature_for
 from termchat.engine.client import Sampling, complete
 from termchat.engine.connect import open_engine
 from termchat.errors import UserError

@@ -28,9 +28,9 @@ import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from termchat.advisor import ADAPTIVE_METHODS, band
+from termchat.profiles.advisor import ADAPTIVE_METHODS, band
 from termchat.engine.stats import ReplyStats
-from termchat.verify import ALPHA, IMPROBABLE, P_LIMIT, T_LIMIT, binomial_tail, lossless_test, welch_t
+from termchat.engine.verify import ALPHA, IMPROBABLE, P_LIMIT, T_LIMIT, binomial_tail, lossless_test, welch_t
 
 
 @dataclass

@@ -13,10 +13,10 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 
-from termchat.bench.prompts import BenchPrompt
+from termchat.bench.prompt_sets import BenchPrompt
 from termchat.bench.report import Sample, count_improbable
-from termchat.verify import TOP_LOGPROBS, stream_row
-from termchat.classify import temperature_for
+from termchat.engine.verify import TOP_LOGPROBS, stream_row
+from termchat.detect.classify import temperature_for
 from termchat.engine.process import ManagedEngine
 from termchat.engine.client import Sampling, complete_sync
 from termchat.errors import UserError

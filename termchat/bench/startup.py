@@ -19,7 +19,7 @@ import statistics
 import time
 from dataclasses import replace
 
-from termchat.bench.prompts import builtin
+from termchat.bench.prompt_sets import builtin
 from termchat.bench.runner import warm_up
 from termchat.engine.client import Sampling, complete_sync
 from termchat.engine.connect import open_engine

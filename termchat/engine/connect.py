@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from termchat.engine import warm
+from termchat.engine import registry, state
 from termchat.engine.endpoint import Engine, EngineState, remote_engine
 from termchat.engine.process import ManagedEngine, Progress
-from termchat.engine.served import find_served, write_state
 from termchat.profiles import Profile
 
 
@@ -25,7 +24,7 @@ async def open_engine_async(
     `termchat serve` or warm engine, or started here.
 
     With `keep_warm` (the front-ends) and the profile's keep_alive above 0,
-    an engine started here is warm (warm.py): it outlives this process, and
+    an engine started here is warm (watchdog.py): it outlives this process, and
     this process holds a lease on it until `release()`. Run it on the main
     thread's event loop: an engine that is not warm is launched from that
     thread so that it dies with termchat (PDEATHSIG). `launched` hears of a
@@ -34,7 +33,7 @@ async def open_engine_async(
         return remote_engine(profile)
     keep_alive = profile.keep_alive_s if keep_warm and attach else 0.0
     if attach:
-        served = await asyncio.to_thread(find_served, profile, keep_alive > 0)
+        served = await asyncio.to_thread(registry.find_served, profile, keep_alive > 0)
         if served is not None:
             if served.state == EngineState.STARTING:  # warm, started by another front-end moments ago
                 try:
@@ -44,11 +43,11 @@ async def open_engine_async(
                     raise
             return served
     if keep_alive > 0:
-        await asyncio.to_thread(warm.make_room, keep=profile.name)
+        await asyncio.to_thread(registry.make_room, keep=profile.name)
     engine = ManagedEngine.launch(profile, keep_alive=keep_alive)
     if keep_alive > 0:
-        engine.lease = warm.take_lease(engine.pid)  # before the engine's watchdog first looks
-        write_state(engine, keep_alive)  # findable while it starts: a second front-end waits for it
+        engine.lease = state.take_lease(engine.pid)  # before the engine's watchdog first looks
+        registry.write_state(engine, keep_alive)  # findable while it starts: a second front-end waits for it
     if launched is not None:
         launched(engine)
     await engine.wait_ready_async(timeout=timeout, progress=progress)

@@ -88,9 +88,9 @@ def main() -> None:
             print(f"termchat: the profile's engine_args change where or how the engine listens ({'; '.join(wrong)}); "
                   "termchat sets these itself (127.0.0.1, a free port, a random API key). Remove those engine_args; for an engine elsewhere, use `endpoint`.", file=sys.stderr, flush=True)
             sys.exit(2)
-    from termchat.engine.warm import start_watchdog_from_env
+    from termchat.engine.watchdog import start_from_env
 
-    start_watchdog_from_env()  # a warm engine ends itself once unused for keep_alive
+    start_from_env()  # a warm engine ends itself once unused for keep_alive
     try:
         from vllm.entrypoints.launchers.api_server.entry import main as serve
     except ImportError:  # a release without launchers/: its server module, run as a script

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from termchat import paths
-from termchat.engine import warm
+from termchat.engine import proc, state
+from termchat.engine.watchdog import WARM_ENV
 from termchat.engine.command import owned, server_command
 from termchat.engine.guarded_server import OWNS_ENV
 from termchat.engine.endpoint import Engine, EngineError, EngineState
@@ -68,14 +69,6 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child
         pass
 
 
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = warm.stat_fields(entry.name)
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(entry.name))
-    return members
 
 
 @dataclass
@@ -87,13 +80,13 @@ class ManagedEngine(Engine):
     log_path: Path | None = None
     owned: bool = True
     started_at: float = field(default_factory=time.monotonic)
-    lease: Path | None = None  # this process uses a warm engine (warm.py)
+    lease: Path | None = None  # this process uses a warm engine (watchdog.py, registry.py)
 
     @classmethod
     def launch(cls, profile: Profile, log_dir: Path | None = None, keep_alive: float = 0.0) -> ManagedEngine:
         """Start the server and return at once; call wait_ready() next.
 
-        With `keep_alive` the engine is warm (warm.py): it outlives termchat
+        With `keep_alive` the engine is warm (watchdog.py, registry.py): it outlives termchat
         and ends itself once unused that long; without, it dies with termchat."""
         if profile.method == "suffix" and importlib.util.find_spec("arctic_inference") is None:
             raise EngineError(
@@ -108,7 +101,7 @@ class ManagedEngine(Engine):
         owns = owned(profile, port, cmd[cmd.index("--model") + 1])
         env = {**os.environ, **profile.env, "PYTHONUNBUFFERED": "1", "VLLM_API_KEY": key, OWNS_ENV: json.dumps(owns)}
         if keep_alive > 0:
-            env[warm.WARM_ENV] = json.dumps({"serve": str(paths.private_dir(warm.serve_dir())), "keep_alive": keep_alive})
+            env[WARM_ENV] = json.dumps({"serve": str(paths.private_dir(state.serve_dir())), "keep_alive": keep_alive})
         with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
             log.write(("$ " + shlex.join(cmd) + "\n").encode())
             log.flush()
@@ -139,7 +132,7 @@ class ManagedEngine(Engine):
         """This front-end is done with the engine: a warm one stays for others
         and for keep_alive (this process's lease goes); any other is stopped."""
         if self.lease is not None:
-            warm.drop_lease(self.lease)
+            state.drop_lease(self.lease)
             self.lease = None
         else:
             self.stop()
@@ -147,7 +140,7 @@ class ManagedEngine(Engine):
     def alive(self) -> bool:
         if self.process is not None:
             return self.process.poll() is None
-        return self.pid is not None and pid_alive(self.pid)
+        return self.pid is not None and proc.pid_alive(self.pid)
 
     def log_tail(self, lines: int = 12) -> str:
         if not self.log_path or not self.log_path.exists():
@@ -212,7 +205,7 @@ class ManagedEngine(Engine):
         if not (self.owned or self.lease is not None) or self.pid is None:
             return
         pgid = self.pid
-        warm.forget(pgid)  # nobody attaches to it while it ends
+        state.forget(pgid)  # nobody attaches to it while it ends
         self.lease = None
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
             try:
@@ -223,10 +216,10 @@ class ManagedEngine(Engine):
             while time.monotonic() < end:
                 if self.process is not None:
                     self.process.poll()
-                if not group_members(pgid):
+                if not proc.group_members(pgid):
                     break
                 time.sleep(0.1)
-            if not group_members(pgid):
+            if not proc.group_members(pgid):
                 break
         if self.process is not None:
             try:
@@ -234,16 +227,7 @@ class ManagedEngine(Engine):
             except subprocess.TimeoutExpired:
                 pass
         self.state = EngineState.STOPPED
-        left = group_members(pgid)
+        left = proc.group_members(pgid)
         if left:
             raise EngineError(f"engine processes {left} survived SIGKILL; end them by hand (kill -9 {' '.join(map(str, left))})")
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

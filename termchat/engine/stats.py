@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from termchat.speculation import Speculation
+from termchat.profiles.speculation import Speculation
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from termchat.engine.controller import EngineController
 from termchat.errors import UserError
 from termchat.profiles import Config, builtin_profiles, load_config
 from termchat.sanitize import inert
-from termchat.session import ChatSession
-from termchat.store import Store
+from termchat.chat.session import ChatSession
+from termchat.chat.store import Store
 from termchat.ui.palette import TermchatCommands
 from termchat.ui.screens.chat import ChatScreen
 from termchat.ui.screens.help import HelpScreen

@@ -14,7 +14,7 @@ from textual.command import DiscoveryHit, Hit, Provider
 from textual.content import Content
 from textual.markup import escape
 
-from termchat.commands import COMMANDS
+from termchat.slash import COMMANDS
 from termchat.sanitize import inert
 
 

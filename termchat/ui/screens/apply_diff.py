@@ -10,7 +10,7 @@ from textual.highlight import highlight
 from termchat.ui.screens.modal import Modal
 from textual.widgets import Label, Static
 
-from termchat.apply import Change, git_status
+from termchat.coding.apply import Change, git_status
 from termchat.sanitize import inert
 from termchat.ui.text import plain
 

@@ -19,16 +19,16 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from termchat.bench import results as bench_results
-from termchat.commands import dispatch
-from termchat.conversation import TemperatureChoice
+from termchat.profiles import measured
+from termchat.slash import dispatch
+from termchat.chat.conversation import TemperatureChoice
 from termchat.engine.endpoint import EngineState
 from termchat.engine.process import ManagedEngine
 from termchat.engine.stats import ReplyStats
 from termchat.errors import UserError
-from termchat.exchange import Turn
+from termchat.chat.reply import Turn
 from termchat.profiles import Profile
-from termchat.session import ChatSession
+from termchat.chat.session import ChatSession
 from termchat.ui.screens.chat_commands import ChatCommands
 from termchat.ui.widgets.chat_view import ChatView, ReplyEnded, ReplyProgress, ReplyStarted
 from termchat.ui.widgets.engine_panel import EnginePanel
@@ -134,7 +134,7 @@ class ChatScreen(ChatCommands, Screen):
 
     def show_profile(self) -> None:
         profile = self.session.profile
-        self.status(profile=profile, reply=None, context_used=None, step_cost=bench_results.step_cost(profile.name))
+        self.status(profile=profile, reply=None, context_used=None, step_cost=measured.step_cost(profile.name))
 
     # ---- engine -----------------------------------------------------------------------
 
@@ -178,7 +178,7 @@ class ChatScreen(ChatCommands, Screen):
     @work(group="advice")
     async def advise(self, profile: Profile) -> None:
         """The advisor's warnings for this profile, as dismissible notices."""
-        from termchat.advisor import warnings_for
+        from termchat.profiles.advisor import warnings_for
 
         for finding in await asyncio.to_thread(warnings_for, profile):
             self.notify(f"{finding.rule}: {finding.message}", title=f"advice for '{profile.name}'", severity="warning", timeout=20)

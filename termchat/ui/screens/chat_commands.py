@@ -1,4 +1,4 @@
-"""The chat screen's slash commands (one coroutine per row of `termchat.commands`)
+"""The chat screen's slash commands (one coroutine per row of `termchat.slash`)
 and its actions on code blocks, commands, tests and branches.
 
 Nothing is written or run without the user's say-so: `/apply` shows the diff
@@ -14,11 +14,11 @@ from pathlib import Path
 
 from textual import work
 
-from termchat import apply, project, testing
-from termchat.commands import SessionCommands, apply_arguments, code_block
+from termchat.coding import apply, project, project_tests
+from termchat.slash import SessionCommands, apply_arguments, code_block
 from termchat.errors import UserError
 from termchat.files import write_export
-from termchat.shell import CommandRun
+from termchat.coding.shell import CommandRun
 from termchat.ui.screens.apply_diff import ApplyDiff
 from termchat.ui.screens.ask_text import AskText
 from termchat.ui.screens.confirm import Confirm
@@ -26,7 +26,7 @@ from termchat.ui.screens.history import HistoryScreen
 from termchat.ui.screens.picker import ProfilePicker
 from termchat.ui.widgets.chat_view import wait_for_worker
 from termchat.ui.widgets.command_output import CommandOutput
-from termchat.reply_code import CodeBlock
+from termchat.coding.reply_code import CodeBlock
 from termchat.ui.widgets.prompt import PromptArea
 
 
@@ -138,7 +138,7 @@ class ChatCommands(SessionCommands):
         self.run_command(arg, tests=False)
 
     async def do_test(self, arg: str) -> None:
-        command, source = testing.resolve_test_command(arg, self.session.profile.test_command, Path.cwd())
+        command, source = project_tests.resolve_test_command(arg, self.session.profile.test_command, Path.cwd())
         if source is not None and not project.approved(source, command):
             self.run_worker(self._approve_and_test(command, source))
             return
@@ -179,7 +179,7 @@ class ChatCommands(SessionCommands):
             self.last_failure = None
             self.stop_fixing()  # rounds left over must not turn the next /fix into a loop
             return
-        self.last_failure = (command, testing.failure_summary(run.output))
+        self.last_failure = (command, project_tests.failure_summary(run.output))
         block.finish("/fix asks for a fix · Ctrl+O adds the output")
         if self.fixing and run.ended_by == "stopped":
             self.stop_fixing()
@@ -196,12 +196,12 @@ class ChatCommands(SessionCommands):
         if self.last_failure is None:
             raise UserError("no failing /test to fix; run /test first")
         if arg:
-            self.fix_rounds_left = testing.fix_rounds(arg)
+            self.fix_rounds_left = project_tests.fix_rounds(arg)
         self.fixing = self.fix_rounds_left > 0
         if self.fixing:
             self.fix_rounds_left -= 1
         command, summary = self.last_failure
-        await self.send(testing.fix_request(command, summary, testing.fix_files(self.applied, summary, Path.cwd())))
+        await self.send(project_tests.fix_request(command, summary, project_tests.fix_files(self.applied, summary, Path.cwd())))
 
     def reply_ended(self, event) -> None:
         """The fix loop: apply the reply's code where the last /apply wrote, then test again."""
@@ -218,7 +218,7 @@ class ChatCommands(SessionCommands):
     async def _apply_fix_and_test(self) -> None:
         blocks = self.chat.replies()[-1].code_blocks()
         try:
-            changes = testing.plan_fix([(b.language, b.code) for b in blocks], self.applied, Path.cwd())
+            changes = project_tests.plan_fix([(b.language, b.code) for b in blocks], self.applied, Path.cwd())
         except UserError as exc:
             self.stop_fixing()
             return self.error(str(exc))

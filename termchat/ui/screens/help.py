@@ -9,8 +9,8 @@ from textual.containers import VerticalScroll
 from termchat.ui.screens.modal import Modal
 from textual.widgets import Markdown, Static
 
-from termchat.advisor import ACCEPTANCE_HIGH, ACCEPTANCE_LOW
-from termchat.commands import help_rows
+from termchat.profiles.advisor import ACCEPTANCE_HIGH, ACCEPTANCE_LOW
+from termchat.slash import help_rows
 
 
 

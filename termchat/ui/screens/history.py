@@ -13,7 +13,7 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from termchat.errors import UserError
-from termchat.store import ConversationRecord, Store
+from termchat.chat.store import ConversationRecord, Store
 from termchat.ui.text import plain
 
 

@@ -8,7 +8,7 @@ from termchat.ui.screens.modal import Modal
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from termchat.bench import results as bench_results
+from termchat.profiles import measured as bench_results
 from termchat.models import short_name
 from termchat.profiles import Profile
 from termchat.ui.text import plain
@@ -29,10 +29,10 @@ def describe(index: int, profile: Profile, current: str, warm: str = "") -> str:
 
 def warm_profiles() -> dict[str, str]:
     """Profile name -> how its warm engine stands ("warm, 4m left", "warm, in use")."""
-    from termchat.engine import warm
+    from termchat.engine import registry
 
     marks = {}
-    for engine in warm.running_engines():
+    for engine in registry.running_engines():
         if engine.keep_alive is None:  # `termchat serve`'s: not warm, there until serve ends
             continue
         if engine.users:

@@ -20,19 +20,19 @@ from textual.message import Message
 from textual.widgets import Static
 from textual.worker import Worker, WorkerCancelled, WorkerError, WorkerFailed
 
-from termchat.conversation import TemperatureChoice
+from termchat.chat.conversation import TemperatureChoice
 from termchat.engine import stats as stats_mod
 from termchat.engine.client import ReplyInterrupted
 from termchat.engine.endpoint import Engine
 from termchat.engine.stats import ReplyStats, Step
 from termchat.errors import UserError
-from termchat.exchange import Turn, stream_turn
+from termchat.chat.reply import Turn, stream_turn
 from termchat.profiles import Profile
 from termchat.sanitize import inert
-from termchat.session import ChatSession
-from termchat.store import CUT
-from termchat.store import Message as StoredMessage
-from termchat.reply_code import CodeBlock
+from termchat.chat.session import ChatSession
+from termchat.chat.store import CUT
+from termchat.chat.store import Message as StoredMessage
+from termchat.coding.reply_code import CodeBlock
 from termchat.ui.widgets.message import MessageView
 
 LIVE_EVERY_S = 0.25  # how often the live figures are posted while a reply streams

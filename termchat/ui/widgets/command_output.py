@@ -7,7 +7,7 @@ from textual.content import Content
 from textual.widgets import Collapsible, Log
 
 from termchat.sanitize import inert
-from termchat.shell import CommandRun
+from termchat.coding.shell import CommandRun
 
 
 class CommandOutput(Collapsible):

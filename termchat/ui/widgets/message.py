@@ -15,7 +15,7 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownFence
 
 from termchat.engine.stats import ReplyStats, Step
-from termchat.reply_code import CodeBlock, code_blocks
+from termchat.coding.reply_code import CodeBlock, code_blocks
 from termchat.sanitize import Sanitizer, inert
 
 

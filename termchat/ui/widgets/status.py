@@ -16,7 +16,7 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Sparkline, Static
 
-from termchat.advisor import band
+from termchat.profiles.advisor import band
 from termchat.engine.endpoint import EngineState
 from termchat.engine.server_counters import APPROXIMATE
 from termchat.engine.stats import ReplyStats

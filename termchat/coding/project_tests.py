@@ -15,7 +15,7 @@ import re
 import shlex
 from pathlib import Path
 
-from termchat import apply, project
+from termchat.coding import apply, project
 from termchat.errors import UserError
 
 PYTEST_ARGS = "-q -rfE --color=no"

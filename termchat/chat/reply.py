@@ -11,12 +11,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from termchat.conversation import Conversation, TemperatureChoice
+from termchat.chat.conversation import Conversation, TemperatureChoice
 from termchat.engine.client import ChatStream, Sampling
 from termchat.engine.endpoint import Engine
 from termchat.engine.stats import ReplyStats, Step
 from termchat.profiles import Profile
-from termchat.store import COMPLETE, CUT, INTERRUPTED, ReplyWriter, Store, StoreError
+from termchat.chat.store import COMPLETE, CUT, INTERRUPTED, ReplyWriter, Store, StoreError
 
 
 @dataclass

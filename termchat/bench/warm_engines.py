@@ -1,6 +1,6 @@
 """What warm engines save: relaunch and switch times, idle cost, expiry.
 
-    python -m termchat.bench.warm [--runs 2] [--keep-alive 120]
+    python -m termchat.bench.warm_engines [--runs 2] [--keep-alive 120]
 
 All in a throw-away TERMCHAT_HOME, with `local-plain` as profile A and
 `local` as profile B (the built-ins, keep_alive set), the real engine:
@@ -41,7 +41,7 @@ def profiles(keep_alive: float) -> Config:
 
 async def tui(config: Config, first: str, then: list[str]) -> list[float]:
     """Seconds to ready: the TUI on `first`, then each switch in `then`."""
-    from termchat.store import Store
+    from termchat.chat.store import Store
     from termchat.ui.app import TermchatApp
 
     async def ready(app, name: str, started: float) -> float:
@@ -66,26 +66,26 @@ async def tui(config: Config, first: str, then: list[str]) -> list[float]:
 
 def launch_to_ready(keep_alive: float) -> float:
     """A new process that opens the TUI on profile A; seconds until its engine is ready."""
-    code = f"import asyncio; from termchat.bench.warm import profiles, tui; asyncio.run(tui(profiles({keep_alive}), 'a', []))"
+    code = f"import asyncio; from termchat.bench.warm_engines import profiles, tui; asyncio.run(tui(profiles({keep_alive}), 'a', []))"
     started = time.monotonic()
     subprocess.run([sys.executable, "-c", code], check=True, timeout=900)
     return time.monotonic() - started  # the process also quit, within a few ms of ready
 
 
 def stop_all() -> None:
-    from termchat.engine import warm
+    from termchat.engine import proc, registry
 
-    for engine in warm.running_engines():
-        warm.stop_engine(engine)
+    for engine in registry.running_engines():
+        registry.stop_engine(engine)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m termchat.bench.warm", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m termchat.bench.warm_engines", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--keep-alive", type=float, default=120.0)
     args = parser.parse_args(argv)
     from termchat import models, paths
-    from termchat.engine import warm
+    from termchat.engine import proc, registry
 
     models_dir = str(paths.models_dir())
     with tempfile.TemporaryDirectory(prefix="termchat-warm-") as home:
@@ -101,17 +101,17 @@ def main(argv: list[str] | None = None) -> int:
             stop_all()
             switches = asyncio.run(tui(profiles(args.keep_alive), "a", ["b", "a", "b"]))
             print(f"switches: {json.dumps([round(s, 2) for s in switches])}", file=sys.stderr, flush=True)
-            engine = next(e for e in warm.running_engines() if e.profile == "a")
+            engine = next(e for e in registry.running_engines() if e.profile == "a")
             time.sleep(5)  # the last request's after-effects
-            before = warm.cpu_seconds(engine.pid)
+            before = proc.cpu_seconds(engine.pid)
             time.sleep(30)
-            idle_cpu = warm.cpu_seconds(engine.pid) - before
-            rss = warm.rss_bytes(engine.pid)
+            idle_cpu = proc.cpu_seconds(engine.pid) - before
+            rss = proc.rss_bytes(engine.pid)
             stop_all()
             asyncio.run(tui(profiles(10), "a", []))
             left = time.monotonic()
-            pid = next(e.pid for e in warm.running_engines() if e.profile == "a")
-            from termchat.engine.process import group_members
+            pid = next(e.pid for e in registry.running_engines() if e.profile == "a")
+            from termchat.engine.proc import group_members
 
             while group_members(pid) and time.monotonic() - left < 120:
                 time.sleep(0.2)

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from termchat import topic_probe
-from termchat.attach import fenced_file
-from termchat.conversation import Conversation, TemperatureChoice, parse_temperature
+from termchat.detect import topic_probe
+from termchat.coding.attach import fenced_file
+from termchat.chat.conversation import Conversation, TemperatureChoice, parse_temperature
 from termchat.errors import UserError
-from termchat.exchange import Recorder
+from termchat.chat.reply import Recorder
 from termchat.profiles import SESSION_KEYS, Config, Profile, check_session_key, parse_session_value
-from termchat.store import Message, Store, StoreError
+from termchat.chat.store import Message, Store, StoreError
 
 
 @dataclass(frozen=True)

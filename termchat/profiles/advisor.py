@@ -19,7 +19,7 @@ from pathlib import Path
 
 from termchat import models
 from termchat.profiles import Profile
-from termchat.speculation import ADAPTIVE_METHODS
+from termchat.profiles.speculation import ADAPTIVE_METHODS
 
 GIB = 1024**3
 

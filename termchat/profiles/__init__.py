@@ -28,10 +28,10 @@ else:  # pragma: no cover - pyproject pins >= 3.11; kept for the tomli fallback
     import tomli as tomllib
 
 from termchat import paths
-from termchat import speculation
-from termchat.config_file import ConfigError, LineIndex, Problem, read_config_text
+from termchat.profiles import speculation
+from termchat.profiles.config_file import ConfigError, LineIndex, Problem, read_config_text
 from termchat.errors import UserError
-from termchat.speculation import LEGACY_KEYS, NGRAM, SUFFIX, Speculation
+from termchat.profiles.speculation import LEGACY_KEYS, NGRAM, SUFFIX, Speculation
 
 BUILTIN_SOURCE = "<built-in>"
 DEFAULT_MODEL = "termchat:smollm2-135m-instruct"

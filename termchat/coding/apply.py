@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from termchat import paths, project
+from termchat import paths
+
+from termchat.coding import project
 from termchat.errors import UserError
 from termchat.files import write_atomically
 

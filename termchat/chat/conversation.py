@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from termchat.classify import temperature_for
+from termchat.detect.classify import temperature_for
 from termchat.errors import UserError
 from termchat.profiles import Profile
 

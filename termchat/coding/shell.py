@@ -14,6 +14,7 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from termchat.engine import proc
 from termchat.errors import UserError
 from termchat.sanitize import Sanitizer, inert
 
@@ -75,17 +76,7 @@ def holders(process: asyncio.subprocess.Process) -> list[str]:
         inode = os.fstat(pipe.fileno()).st_ino
     except (AttributeError, OSError, ValueError):
         return []
-    wanted, found = f"pipe:[{inode}]", []
-    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
-        try:
-            if int(pid) == os.getpid() or os.getpgid(int(pid)) == process.pid:  # us, or its own group (killed)
-                continue
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == wanted for fd in os.listdir(f"/proc/{pid}/fd")):
-                name = Path(f"/proc/{pid}/comm").read_text().strip()
-                found.append(f"pid {pid} ({inert(name)})")
-        except OSError:
-            continue
-    return found
+    return [f"pid {pid} ({inert(proc.command_name(pid))})" for pid in proc.pipe_holders(inode, skip_pgid=process.pid)]
 
 
 class CommandRun:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from termchat.errors import UserError
-from termchat.shell import change_folder
+from termchat.coding.shell import change_folder
 
 T = TypeVar("T")
 

@@ -9,9 +9,9 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from termchat.bench import prompts as prompt_sets
+from termchat.bench import prompt_sets
 from termchat.bench import report, runner
-from termchat.bench import results as results_store
+from termchat.profiles import measured as results_store
 from termchat.errors import UserError
 from termchat.profiles import Profile
 
@@ -35,14 +35,12 @@ def _ints(text: str, name: str) -> list[int]:
 
 def machine() -> dict:
     info = {"system": platform.platform(), "python": platform.python_version(), "cores": os.cpu_count()}
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-        info["cpu"] = cpu
-        kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-        info["ram_gib"] = round(kb / 1024**2, 1)
-    except (OSError, StopIteration):
-        pass
-    from termchat.advisor import gpus
+    from termchat.engine import proc
+
+    info["cpu"] = proc.cpu_model()
+    if total := proc.meminfo("MemTotal"):
+        info["ram_gib"] = round(total / 1024**3, 1)
+    from termchat.profiles.advisor import gpus
 
     info["gpus"] = [g.name for g in gpus()] or "none (CPU)"
     try:
@@ -69,7 +67,7 @@ def draft_cost(profile: Profile, override: float | None) -> float:
     if spec and spec.method == "draft_model":
         if spec.model == profile.model:
             return 1.0
-        from termchat.advisor import params_billion
+        from termchat.profiles.advisor import params_billion
 
         target, draft = params_billion(profile.model), params_billion(spec.model or "")
         if target and draft:

@@ -30,7 +30,7 @@ from functools import cache
 from pygments.lexers import get_all_lexers, guess_lexer
 from pygments.util import ClassNotFound
 
-from termchat import topic_probe
+from termchat.detect import topic_probe
 
 # lexer aliases that are mostly ordinary words (English or French): not a sign
 COMMON_WORDS = set(

@@ -1,0 +1,161 @@
+"""Everything termchat reads of /proc: one module, the standard library only
+(the engine process imports it for its watchdog).
+
+A pid alone does not name a process (pids are recycled); a pid with its start
+time (`started_at`) does, and that pair is what leases and state files record.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def pids() -> Iterator[int]:
+    try:
+        names = os.listdir(PROC)
+    except OSError:
+        return
+    for name in names:
+        if name.isdigit():
+            yield int(name)
+
+
+def stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat after the command name (which may hold spaces and
+    parentheses): [0] state, [1] parent, [2] process group, [11]/[12] user and
+    system ticks, [19] start time; [] when the process is gone."""
+    try:
+        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def started_at(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field
+    22): with the pid, it names one process, never a later one given the same pid."""
+    fields = stat_fields(pid)
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def is_running(pid: int, start: str | None) -> bool:
+    """Is the process that had this pid and start time still the one running?"""
+    return bool(start) and started_at(pid) == start
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group."""
+    members = []
+    for pid in pids():
+        fields = stat_fields(pid)
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            members.append(pid)
+    return members
+
+
+def children(parent: int) -> set[int]:
+    """Live processes whose parent is `parent`."""
+    found = set()
+    for pid in pids():
+        fields = stat_fields(pid)
+        if len(fields) > 1 and fields[0] != "Z" and fields[1] == str(parent):
+            found.add(pid)
+    return found
+
+
+def rss_bytes(pgid: int) -> int:
+    """Resident memory of a process group (the engine and any helper it started)."""
+    total = 0
+    for pid in group_members(pgid):
+        try:
+            for line in (PROC / str(pid) / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def cpu_seconds(pgid: int) -> float:
+    """User + system CPU time of a process group so far (to show an idle engine uses none)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in group_members(pgid):
+        fields = stat_fields(pid)
+        if len(fields) > 12:
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def meminfo(key: str) -> int:
+    """A /proc/meminfo figure in bytes (MemAvailable, MemTotal); 0 when unknown."""
+    try:
+        for line in (PROC / "meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def memory_available() -> int:
+    return meminfo("MemAvailable")
+
+
+def cpu_model() -> str:
+    try:
+        for line in (PROC / "cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def owner(pid: int) -> int | None:
+    try:
+        return (PROC / str(pid)).stat().st_uid
+    except OSError:
+        return None
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def command_name(pid: int) -> str:
+    try:
+        return (PROC / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def pipe_holders(inode: int, skip_pgid: int) -> list[int]:
+    """Processes outside group `skip_pgid` (and not this one) holding pipe `inode` open."""
+    wanted, found = f"pipe:[{inode}]", []
+    for pid in pids():
+        try:
+            if pid == os.getpid() or os.getpgid(pid) == skip_pgid:
+                continue
+            fds = PROC / str(pid) / "fd"
+            if any(os.readlink(fds / fd) == wanted for fd in os.listdir(fds)):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
