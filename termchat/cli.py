@@ -134,35 +134,40 @@ def terminal_text(text: str, is_terminal: bool) -> str:
 
 
 def cmd_ask(args) -> int:
-    from termchat.chat.conversation import Conversation, TemperatureChoice
+    from termchat.chat.conversation import TemperatureChoice
+    from termchat.chat.session import ChatSession
+    from termchat.chat.store import Store, StoreError
     from termchat.engine.connect import open_engine
     from termchat.engine.endpoint import plain_http_warning
-    from termchat.chat.reply import Recorder, exchange
-    from termchat.chat.store import Store, StoreError
 
-    profile = _config(args).get(args.profile)
+    config = _config(args)
+    profile = config.get(args.profile)
     if args.no_speculation:
         profile = profile.without_speculation()
-    prompt = " ".join(args.prompt) if args.prompt else sys.stdin.read()
+    from termchat.sanitize import NOT_UTF8, decoded, valid
+
+    prompt, replaced = valid(" ".join(args.prompt)) if args.prompt else decoded(sys.stdin.buffer.read())
+    if replaced:
+        print(f"termchat: the prompt {NOT_UTF8}", file=sys.stderr)
     if not prompt.strip():
         raise UserError("no prompt: give it as arguments or on stdin")
-    conversation = Conversation(auto_temperature=not args.no_auto_temperature)
-    if args.temperature is not None:
-        choice = TemperatureChoice(args.temperature, False, "set with --temperature")
-    else:
-        choice = conversation.choose_temperature(prompt, profile)
     try:
         store = None if args.no_save else Store()
     except StoreError as exc:  # the answer matters more than its record
         print(f"termchat: {exc} This exchange will not be saved.", file=sys.stderr)
         store = None
+    session = ChatSession(config, profile, store)
+    session.conversation.auto_temperature = not args.no_auto_temperature
+    if args.temperature is not None:
+        choice = TemperatureChoice(args.temperature, False, "set with --temperature")
+    else:
+        prompt, choice = session.prepare(prompt)
 
     show, done = _progress_printer()
     if plain_http_warning(profile):
         print(f"termchat: warning: {plain_http_warning(profile)}", file=sys.stderr)
     engine = open_engine(profile, progress=show, keep_warm=True)
     done()
-    recorder = Recorder.start(store, profile)  # after the engine: a failed start leaves no empty conversation
     tty = sys.stdout.isatty()
     from termchat.sanitize import Sanitizer, inert
 
@@ -191,7 +196,9 @@ def cmd_ask(args) -> int:
 
         ticker = asyncio.create_task(waiting())
         try:
-            return await exchange(engine, profile, conversation, prompt, choice, recorder, on_step, max_tokens=args.max_tokens, seed=args.seed)
+            # begun after the engine started: a failed start leaves no empty conversation
+            reply = session.begin_reply(prompt, choice)
+            return await reply.stream(engine, profile, on_step, max_tokens=args.max_tokens, seed=args.seed)
         finally:
             ticker.cancel()
             done()
@@ -200,6 +207,7 @@ def cmd_ask(args) -> int:
         outcome = engine.run(run)
     finally:
         engine.release()  # a warm engine stays for the next `ask` (keep_alive)
+    recorder = session.recorder
     if recorder.error:
         print(f"termchat: {inert(str(recorder.error))}", file=sys.stderr)
     stats = outcome.stats
@@ -220,11 +228,14 @@ def cmd_classify(args) -> int:
     from termchat.detect.classify import temperature_for
 
     profile = _config(args).get(args.profile)
-    for number, line in enumerate(sys.stdin, start=1):
+    from termchat.sanitize import decoded, valid
+
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        line = decoded(raw)[0]
         if not line.strip():
             continue
         try:
-            prompt = json.loads(line)["prompt"]
+            prompt = valid(json.loads(line)["prompt"])[0]
         except (ValueError, KeyError, TypeError):
             raise UserError(f"<stdin>:{number}: expected a JSON object with a \"prompt\" string") from None
         temperature, result = temperature_for(prompt, profile.temperature, profile.code_temperature)

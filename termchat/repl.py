@@ -33,7 +33,6 @@ from termchat.engine.client import ReplyInterrupted
 from termchat.engine.controller import EngineController
 from termchat.engine.endpoint import plain_http_warning
 from termchat.errors import UserError
-from termchat.chat.reply import exchange
 from termchat.profiles import Config
 from termchat.coding.reply_code import CodeBlock, code_blocks
 from termchat.sanitize import Sanitizer, inert
@@ -183,11 +182,11 @@ class Repl(SessionCommands):
         if problem:
             self.say(problem)
         text, choice = self.session.prepare(text)
-        owner = self.session.begin_reply()
-        recorder = owner.recorder
+        reply = self.session.begin_reply(text, choice)
+        recorder = reply.recorder
         self.say(f"[{choice.label()}]")
         printer = ReplyPrinter(self.write, self.color)
-        outcome = await self._interruptible(exchange(self.engines.engine, self.session.profile, owner.conversation, text, choice, recorder, lambda step: printer.feed(step.text), knobs=self.session.knobs))
+        outcome = await self._interruptible(reply.stream(self.engines.engine, self.session.profile, lambda step: printer.feed(step.text)))
         printer.close()
         if isinstance(outcome, BaseException):
             if isinstance(outcome, ReplyInterrupted):

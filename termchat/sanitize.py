@@ -7,11 +7,14 @@ display path goes through `Sanitizer` (streamed) or `inert()` (whole text):
 
 - escape sequences (CSI, OSC, DCS/SOS/PM/APC strings, two-byte ESC x) and
   every C0/C1 control except newline and tab are removed;
-- bidi controls (U+202A-202E, U+2066-2069, U+200E/F, U+061C), zero-width
-  characters, invisible operators (U+2061-2064, U+206A-206F, U+FFF9-FFFB),
-  tag characters (U+E0000-E007F) and the Unicode line and paragraph
-  separators (U+2028, U+2029) are shown as visible marks such as
-  <U+202E>.
+- every character Unicode calls default-ignorable (Default_Ignorable_Code_Point:
+  zero-width characters, invisible operators, tag characters, variation
+  selectors, Hangul fillers, soft hyphens...), the bidi controls, the
+  interlinear annotations (U+FFF9-FFFB) and the Unicode line and paragraph
+  separators (U+2028, U+2029) are shown as visible marks such as <U+202E>.
+  The table is Unicode's own, through the `regex` package's properties
+  (the standard library's unicodedata does not expose them), never a list
+  picked by hand.
 
 It is one state machine fed character by character, so a reply sanitized in
 chunks as it streams equals the same text sanitized whole on replay, whatever
@@ -22,6 +25,8 @@ a message. Text going into a pipe is left unchanged by the callers.
 
 from __future__ import annotations
 
+import regex
+
 BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
 ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff\u180e")
 # invisible operators (function application, invisible times...), deprecated
@@ -31,7 +36,13 @@ INVISIBLE = frozenset(map(chr, [*range(0x2061, 0x2065), *range(0x206A, 0x2070), 
 # U+2028/U+2029: a terminal shows no line break, but JavaScript ends a line
 # (and a // comment) there, and Python's str.splitlines splits there
 LINE_SEPARATORS = frozenset("\u2028\u2029")
-HIDDEN = BIDI | ZERO_WIDTH | INVISIBLE | LINE_SEPARATORS
+# everything a terminal does not show as such, from Unicode's properties
+_HIDDEN = regex.compile(r"[\p{Default_Ignorable_Code_Point}\p{Bidi_Control}\p{Variation_Selector}\u2028\u2029\ufff9-\ufffb]")
+_FIRST_HIDDEN = 0xAD  # U+00AD SOFT HYPHEN: nothing below it is hidden
+
+
+def is_hidden(ch: str) -> bool:
+    return ord(ch) >= _FIRST_HIDDEN and _HIDDEN.match(ch) is not None
 
 _GROUND, _ESC, _ESC_INTER, _CSI, _STRING, _STRING_ESC = range(6)
 _STRING_INTRODUCERS = "]PX^_"  # OSC, DCS, SOS, PM, APC
@@ -106,7 +117,7 @@ class Sanitizer:
             out.append(ch)
         elif code < 0x20 or 0x7F <= code <= 0x9F:
             pass  # other C0 and C1 controls, DEL
-        elif ch in HIDDEN and self.show_hidden:
+        elif self.show_hidden and is_hidden(ch):
             out.append(mark(ch))
         else:
             out.append(ch)
@@ -140,6 +151,9 @@ def hidden_characters(text: str) -> list[str]:
         found.append("invisible operators or tag characters")
     if any(c in LINE_SEPARATORS for c in text):
         found.append("Unicode line separators")
+    named = BIDI | ZERO_WIDTH | INVISIBLE | LINE_SEPARATORS
+    if any(c not in named and is_hidden(c) for c in text):
+        found.append("other invisible characters (fillers, variation selectors, soft hyphens)")
     return found
 
 
@@ -158,6 +172,37 @@ def clean_code(code: str) -> tuple[str, str]:
     if removed:
         parts.append(f"{' and '.join(removed)} removed")
     if kept:
-        named = ", ".join(dict.fromkeys(mark(c) for c in code if c in HIDDEN))
+        named = ", ".join(dict.fromkeys(mark(c) for c in code if is_hidden(c)))
         parts.append(f"it contains {' and '.join(kept)} ({named[:200]}), kept as they are, which can hide what the code does: read it before running it")
     return cleaned, "this code block had hidden content: " + "; ".join(parts)
+
+
+# ---- bytes in -----------------------------------------------------------------------------
+
+NOT_UTF8 = "was not valid UTF-8; the bytes that were not are shown as U+FFFD (�)"
+
+
+def decoded(data: bytes) -> tuple[str, bool]:
+    """Bytes from outside (stdin, a file) as text, the one way everywhere:
+    UTF-8, undecodable bytes replaced with U+FFFD; and whether any were."""
+    try:
+        return data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return data.decode("utf-8", "replace"), True
+
+
+def valid(text: str) -> tuple[str, bool]:
+    """A str from the system (arguments, the environment, a terminal) made
+    valid text: Python keeps bytes that are not UTF-8 as lone surrogates
+    (surrogateescape), which SQLite, httpx and the tokenizer refuse. They
+    become U+FFFD, as in `decoded`; and whether there were any."""
+    try:
+        text.encode("utf-8")
+        return text, False
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape" if _escaped_only(text) else "replace").decode("utf-8", "replace"), True
+
+
+def _escaped_only(text: str) -> bool:
+    """Are all surrogates in `text` surrogateescape's (U+DC80-U+DCFF, one raw byte each)?"""
+    return all(0xDC80 <= ord(c) <= 0xDCFF for c in text if 0xD800 <= ord(c) <= 0xDFFF)

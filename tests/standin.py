@@ -39,6 +39,12 @@ _cut = _second.index("\u2029".encode()) + 1
 _cr = _second.index(b"\r")
 
 
+def text_chunk(text: str) -> str:
+    """A chunk as servers that are not vLLM send it: text only, no token ids, no usage
+    (llama-cpp-python's server, for one)."""
+    return "data: " + json.dumps({"choices": [{"delta": {"content": text}, "finish_reason": None}]}) + "\n\n"
+
+
 SCENARIOS = {
     "ok": [chunk("Hello"), chunk(" there."), "data: [DONE]\n\n"],
     "not-json": [chunk("Hel"), "data: {this is not json\n\n"],
@@ -47,8 +53,19 @@ SCENARIOS = {
     "no-done": [chunk("Hel"), chunk("lo")],
     "silent": None,  # accepts the request and never answers
     "pings": [": ping\n\n"] * 250,  # SSE comments only, for 5 s: alive, but no answer
+    "text-only": [text_chunk("Hel"), text_chunk("lo"), text_chunk(" there"), text_chunk("."), "data: [DONE]\n\n"],
+    "long-line": [chunk("Hel"), b"data: " + b"x" * (30 * 1024 * 1024)],  # 30 MB and no line end
     "separators": [raw_chunk(SEPARATED[0]), _second[:_cut], _second[_cut : _cr + 1], _second[_cr + 1 :], raw_chunk(SEPARATED[2]), b"data: [DONE]\r\r"],
 }
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-answer (a reply cut, an app quitting) is the
+    point of the monkey, not an error to print."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class StandIn:
@@ -90,7 +107,7 @@ class StandIn:
                 self.close_connection = True
 
         self.stopped = threading.Event()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         scheme = "http"
         if tls:
@@ -112,15 +129,6 @@ class StandIn:
 
 
 WORDS = "the a reply streams here while keys land now and then on it so".split()
-
-
-class QuietServer(ThreadingHTTPServer):
-    """A client that hangs up mid-answer (a reply cut, an app quitting) is the
-    point of the monkey, not an error to print."""
-
-    def handle_error(self, request, client_address) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)
 
 
 class SlowEndpoint:

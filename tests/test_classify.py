@@ -59,12 +59,12 @@ def test_temperature_follows_the_kind_and_the_switch():
 
 def test_classify_command_reads_and_writes_json_lines(monkeypatch, capsys):
     lines = [json.dumps({"prompt": p}) for p in ("écris un test Jest", "Raconte une histoire")]
-    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(("\n".join(lines) + "\n").encode())))
     assert cli.main(["classify"]) == 0
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [o["kind"] for o in out] == ["code", "text"]
     assert [o["temperature"] for o in out] == [0.0, 0.7]  # the built-in profile's code_temperature and temperature
-    monkeypatch.setattr("sys.stdin", io.StringIO("not json\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(("not json\n").encode())))
     assert cli.main(["classify"]) == 2
     assert "<stdin>:1: expected a JSON object" in capsys.readouterr().err
 
@@ -224,3 +224,48 @@ def test_the_third_held_out_set_stays_above_the_goal():
     rows = [json.loads(line) for line in (Path(__file__).parent / "data" / "classify_sessions.jsonl").read_text(encoding="utf-8").splitlines()]
     right, total = score(rows)["held-out-3"]
     assert total >= 240 and right / total >= 0.95, (right, total)
+
+
+def test_the_detector_reads_a_bounded_prefix_of_a_huge_paste(monkeypatch):
+    """A pasted 5 MB file costs what its first few kB do: the rules read
+    READ_CHARS (a code fence anywhere still counts), the probe READ_CHARS of its own."""
+    from termchat.detect import classify as classify_mod
+    from termchat.detect import topic_probe
+
+    seen = []
+    monkeypatch.setattr(topic_probe, "probability", lambda text: seen.append(len(text)) or 0.1)
+    huge = "a story about the sea and the night, " * 150_000  # 5.7 MB of prose
+    assert classify_mod.classify(huge).kind == "text"
+    assert seen == [topic_probe.READ_CHARS]
+    assert classify_mod.classify(huge + "\n```python\nx = 1\n```\n").kind == "code"  # the fence at the end
+    searched = []
+    real = classify_mod._score
+    monkeypatch.setattr(classify_mod, "_score", lambda prompt: searched.append(len(prompt)) or real(prompt))
+    classify_mod.rules_only(huge)
+    assert searched == [classify_mod.READ_CHARS]
+
+
+async def test_the_tui_runs_the_detector_off_its_event_loop(tmp_path, monkeypatch):
+    import threading
+
+    from termchat.chat.session import ChatSession
+    from termchat.profiles import parse_config
+    from termchat.ui.app import TermchatApp
+
+    from .conftest import wait_for
+    from .standin import StandIn
+
+    threads = []
+    prepare = ChatSession.prepare
+    monkeypatch.setattr(ChatSession, "prepare", lambda self, text: threads.append(threading.current_thread()) or prepare(self, text))
+    with StandIn("ok") as standin:
+        config, _ = parse_config(f'[profiles.standin]\nendpoint = "{standin.url}"\n', "standin.toml")
+        app = TermchatApp(config=config, profile="standin", resume=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.5)
+            area = app.query_one("PromptArea")
+            area.text = "the sea at night " * 60_000  # a 1 MB paste
+            area.focus()
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: standin.requests, timeout=20, what="the request")
+    assert threads and all(t is not threading.main_thread() for t in threads)

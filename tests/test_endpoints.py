@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import json
 import time
 
 import pytest
@@ -152,3 +154,61 @@ def test_sse_lines_split_at_cr_lf_lf_and_cr_wherever_the_bytes_are_cut():
         lines = SSELines()
         got = [line for i in range(0, len(stream), size) for line in lines.feed(stream[i : i + size])] + lines.close()
         assert got == want, size
+
+
+def test_a_server_that_sends_text_only_gets_live_figures_marked_as_estimates(tmp_path, capsys):
+    """Not every OpenAI-compatible server sends token ids or usage: the reply
+    still has a TTFT, a token count and a speed, each marked as an estimate."""
+    with StandIn("text-only") as standin:
+        code = cli.main(["ask", "--json", "--config", config_for(tmp_path, standin.url), "--profile", "standin", "hi"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["text"] == "Hello there."
+    assert result["output_tokens"] == 4 and result["tokens_estimated"] is True
+    assert result["ttft_s"] is not None and result["decode_tokens_per_s"] is not None
+    with StandIn("text-only") as standin:
+        assert cli.main(["ask", "--config", config_for(tmp_path, standin.url), "--profile", "standin", "hi"]) == 0
+    assert "~4 tokens" in capsys.readouterr().err
+
+
+def test_a_30_mb_line_ends_the_reply_with_one_message(tmp_path, capsys):
+    with StandIn("long-line") as standin:
+        code = cli.main(["ask", "--config", config_for(tmp_path, standin.url), "--profile", "standin", "hi"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "a line of over 8 MB with no line end" in err, err[-400:]
+    assert "Traceback" not in err and len(err) < 2000
+    assert last_reply().status == "interrupted" and last_reply().content == "Hel"
+
+
+def test_sse_lines_search_only_new_bytes_and_refuse_a_line_over_the_limit():
+    from termchat.engine.client import LineTooLong, SSELines
+
+    lines = SSELines(limit=1000)
+    for _ in range(9):
+        assert lines.feed(b"x" * 100) == []
+    assert lines._size == 900 and len(lines._parts) == 9  # kept as pieces, not re-joined at every feed
+    with pytest.raises(LineTooLong):
+        lines.feed(b"x" * 200)
+    lines = SSELines(limit=1000)
+    assert lines.feed(b"a" * 999 + b"\n" + b"b" * 10) == ["a" * 999]
+    assert lines.close() == ["b" * 10]
+
+
+@pytest.mark.parametrize("how", ["argument", "stdin"])
+def test_a_prompt_that_is_not_utf8_is_sent_with_replacement_and_a_notice(how, tmp_path):
+    """`termchat ask $'caf\\xe9 ole'`, or the same piped under LC_ALL=C: one
+    notice, the prompt sent and stored with U+FFFD, no traceback."""
+    with StandIn("ok") as standin:
+        cmd = [sys.executable, "-m", "termchat.cli", "ask", "--config", config_for(tmp_path, standin.url), "--profile", "standin"]
+        env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0"}
+        if how == "argument":
+            result = subprocess.run([*cmd, b"caf\xe9 ole"], capture_output=True, env=env, timeout=120)
+        else:
+            result = subprocess.run(cmd, input=b"caf\xe9 ole\n", capture_output=True, env=env, timeout=120)
+    err = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 0, err
+    assert "Traceback" not in err and "was not valid UTF-8" in err
+    assert standin.requests[0]["messages"][-1]["content"].strip() == "caf\ufffd ole"
+    store = Store()
+    assert store.messages(store.latest().id)[0].content.strip() == "caf\ufffd ole"

@@ -20,7 +20,8 @@ from termchat.errors import UserError
 from termchat.engine.stats import ReplyStats
 from termchat.profiles import builtin_profiles
 from termchat.repl import Repl
-from termchat.chat.store import COMPLETE, MIGRATIONS, ReplyWriter, Store
+from termchat.chat.reply import ReplyWriter
+from termchat.chat.store import COMPLETE, MIGRATIONS, Store
 
 from .conftest import wait_for
 

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from termchat.engine.stats import ReplyStats
-from termchat.chat.store import COMPLETE, CUT, MIGRATIONS, STREAMING, ReplyWriter, Store, StoreError
+from termchat.chat.reply import ReplyWriter
+from termchat.chat.store import COMPLETE, CUT, MIGRATIONS, STREAMING, Store, StoreError
 
 REPLY = """Here you go:
 

@@ -118,3 +118,18 @@ async def test_copying_a_code_block_strips_escape_sequences_and_warns():
         await pilot.pause()
         assert copied == ["echo safe; rm -rf ~\n"]
         assert any("escape sequences removed" in n.message for n in app._notifications)
+
+
+def test_every_default_ignorable_character_is_marked_from_unicodes_own_table():
+    # the audit's misses: Hangul fillers, variation selectors, soft hyphen, grapheme joiner
+    for ch in "\u3164\u115f\uffa0\ufe0f\U000e0100\u00ad\u034f":
+        assert inert(f"a{ch}b") == f"a<U+{ord(ch):04X}>b", hex(ord(ch))
+        code, warning = clean_code(f"x = 1{ch}\n")
+        assert code == f"x = 1{ch}\n" and f"<U+{ord(ch):04X}>" in warning, hex(ord(ch))
+    # and every other code point Unicode calls default-ignorable, none picked by hand
+    import regex
+
+    ignorable = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and regex.match(r"\p{Default_Ignorable_Code_Point}", chr(c))]
+    assert len(ignorable) > 4000
+    assert [ch for ch in ignorable if inert(ch) == ch] == []
+    assert inert("naïve café ü ✓ 日本") == "naïve café ü ✓ 日本"  # visible text stays as it is

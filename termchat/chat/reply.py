@@ -1,22 +1,39 @@
-"""One prompt and its reply, stored as it happens: used by the TUI, the REPL and `ask`.
+"""A reply: one object begins, streams, records and ends it, for the TUI, the
+REPL and `ask` alike (each front-end only shows it its own way).
+
+Its lifecycle, enforced here:
+1. `Reply.begin()` (through `ChatSession.begin_reply()`) runs before anything
+   is sent and awaits nothing: the prompt is stored and in the conversation,
+   the reply's row is written (empty, `streaming`). The conversation and the
+   recorder it belongs to are captured then and never read again from the
+   session.
+2. `await reply.stream(engine, on_step)` sends the conversation up to this
+   prompt and streams; the reply is written as it streams (ReplyWriter: at
+   least once a second).
+3. `end()` runs exactly once, however the reply ends (complete, cut by
+   Escape or Ctrl+C, broken, or before its request went out): the reply is
+   stored with its status and added to its conversation, even when empty, so
+   user and assistant turns alternate.
 
 Order matters for losing nothing: the user message is written before the
-request is sent; the reply is written as it streams (ReplyWriter: at least
-once a second) and flagged `cut` or `interrupted` when it does not finish.
+request is sent, and a reply that does not finish is flagged `cut` or
+`interrupted`, never lost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from termchat.chat.conversation import Conversation, TemperatureChoice
+from termchat.chat.store import COMPLETE, CUT, INTERRUPTED, STREAMING, Store, StoreError, transient
 from termchat.engine.client import ChatStream, Sampling
 from termchat.engine.endpoint import Engine
 from termchat.engine.stats import ReplyStats, Step
 from termchat.profiles import Profile
-from termchat.chat.store import COMPLETE, CUT, INTERRUPTED, ReplyWriter, Store, StoreError
+from termchat.sanitize import valid
 
 
 @dataclass
@@ -62,13 +79,9 @@ class Outcome:
 
 
 @dataclass
-class Turn:
-    """One prompt and its reply, as the conversation and the store hold them.
-
-    Begun before anything is sent, without awaiting anything: the prompt is
-    stored and in the conversation, the reply's row written (empty). Ended
-    exactly once, however the reply ends (even before its request went out):
-    stored with its status and added to its conversation, even when empty."""
+class Reply:
+    """One prompt and its reply, as the conversation and the store hold them
+    (the lifecycle in this module's docstring)."""
 
     conversation: Conversation
     recorder: Recorder
@@ -80,7 +93,8 @@ class Turn:
     ended: bool = False
 
     @classmethod
-    def begin(cls, conversation: Conversation, recorder: Recorder, prompt: str, profile: Profile, choice: TemperatureChoice, knobs: dict | None = None) -> Turn:
+    def begin(cls, conversation: Conversation, recorder: Recorder, prompt: str, profile: Profile, choice: TemperatureChoice, knobs: dict | None = None) -> Reply:
+        prompt = valid(prompt)[0]  # nothing undecodable reaches SQLite, httpx or the tokenizer
         recorder.user(prompt, profile)
         conversation.add("user", prompt, recorder.last_user_id)
         return cls(conversation, recorder, recorder.writer(profile, choice), choice, recorder.last_user_id, conversation.request(profile), dict(knobs or {}))
@@ -95,50 +109,84 @@ class Turn:
         # stored and on screen, and the turns must alternate for the model
         self.conversation.add("assistant", self.writer.text, self.writer.message_id)
 
+    async def stream(self, engine: Engine, profile: Profile, on_step: Callable[[Step], Awaitable[None] | None], max_tokens: int | None = None, seed: int | None = None) -> Outcome:
+        """Send the request, stream, store, end. Raises CancelledError (reply
+        cut) and ReplyInterrupted (engine gone) after ending the reply."""
+        knobs = profile.sampling(self.knobs)
+        knobs["max_tokens"] = max_tokens or knobs["max_tokens"]
+        knobs["seed"] = seed if seed is not None else knobs["seed"]
+        sampling = Sampling(temperature=self.choice.value, **knobs)
+        stream = ChatStream(engine, self.request, sampling)
+        try:
+            async for step in stream:
+                self.writer.append(step.text)
+                result = on_step(step)
+                if asyncio.iscoroutine(result):
+                    await result
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            self.end(CUT, stream.live_stats(CUT) if stream.steps else None)
+            raise
+        except BaseException:  # ReplyInterrupted (engine gone) and anything else
+            self.end(INTERRUPTED, stream.live_stats(INTERRUPTED) if stream.steps else None)
+            raise
+        self.end(COMPLETE, stream.stats)
+        return Outcome(stream.text, stream.stats, COMPLETE)
 
-async def exchange(
-    engine: Engine,
-    profile: Profile,
-    conversation: Conversation,
-    prompt: str,
-    choice: TemperatureChoice,
-    recorder: Recorder,
-    on_step: Callable[[Step], Awaitable[None] | None],
-    max_tokens: int | None = None,
-    seed: int | None = None,
-    knobs: dict | None = None,
-) -> Outcome:
-    """Send `prompt` (already chosen its temperature), stream, store. Raises
-    CancelledError (reply cut) and ReplyInterrupted (engine gone) after storing."""
-    turn = Turn.begin(conversation, recorder, prompt, profile, choice, knobs)
-    return await stream_turn(engine, profile, turn, on_step, max_tokens, seed)
 
+class ReplyWriter:
+    """Writes a streaming reply: at once (empty), then at least once a second.
 
-async def stream_turn(
-    engine: Engine,
-    profile: Profile,
-    turn: Turn,
-    on_step: Callable[[Step], Awaitable[None] | None],
-    max_tokens: int | None = None,
-    seed: int | None = None,
-) -> Outcome:
-    """Stream a begun turn's reply and end the turn (see `exchange`)."""
-    knobs = profile.sampling(turn.knobs)
-    knobs["max_tokens"] = max_tokens or knobs["max_tokens"]
-    knobs["seed"] = seed if seed is not None else knobs["seed"]
-    sampling = Sampling(temperature=turn.choice.value, **knobs)
-    stream = ChatStream(engine, turn.request, sampling)
-    try:
-        async for step in stream:
-            turn.writer.append(step.text)
-            result = on_step(step)
-            if asyncio.iscoroutine(result):
-                await result
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        turn.end(CUT, stream.live_stats(CUT) if stream.steps else None)
-        raise
-    except BaseException:  # ReplyInterrupted (engine gone) and anything else
-        turn.end(INTERRUPTED, stream.live_stats(INTERRUPTED) if stream.steps else None)
-        raise
-    turn.end(COMPLETE, stream.stats)
-    return Outcome(stream.text, stream.stats, COMPLETE)
+    The whole text stays in memory, so a write that fails loses nothing: while
+    another process holds the database's lock, streaming writes wait at most
+    STREAM_WAIT (the screen must not freeze) and are retried at the next one;
+    the final write keeps trying for up to FINAL_WAIT, so the end of a reply
+    is never lost to a passing lock. Other errors (disk full, read-only) stop
+    the writing for this reply; the first one is kept in `error` for the
+    caller to show."""
+
+    STREAM_WAIT = 0.05
+    FINAL_WAIT = 15.0
+
+    def __init__(self, store: Store | None, conversation_id: int | None, interval: float = 1.0, **meta):
+        self.store, self.interval = store, interval
+        self.text = ""
+        self.error: StoreError | None = None
+        self.message_id: int | None = None
+        self._flushed = time.monotonic()
+        self._flushed_len = 0
+        if store is not None and conversation_id is not None:
+            try:
+                self.message_id = store.add_message(conversation_id, "assistant", "", status=STREAMING, **meta)
+            except StoreError as exc:
+                self.error = exc
+
+    def append(self, text: str) -> None:
+        self.text += text
+        if time.monotonic() - self._flushed >= self.interval:
+            self.flush()
+
+    def flush(self, status: str | None = None, stats: ReplyStats | None = None, wait: float | None = None) -> bool:
+        """Write what is new; False if a lock kept it from the database this time."""
+        if self.message_id is None or self.error is not None:
+            return True
+        if status is None and len(self.text) == self._flushed_len:
+            return True
+        text = self.text
+        try:
+            with self.store.waiting_at_most(self.STREAM_WAIT if wait is None else wait):
+                self.store.update_message(self.message_id, text, status, stats)
+        except StoreError as exc:
+            self._flushed = time.monotonic()  # try again after the interval, not at every step
+            if not transient(exc):
+                self.error = exc
+            return False
+        self._flushed, self._flushed_len = time.monotonic(), len(text)
+        return True
+
+    def finish(self, status: str = COMPLETE, stats: ReplyStats | None = None) -> None:
+        deadline = time.monotonic() + self.FINAL_WAIT
+        while not self.flush(status=status, stats=stats, wait=1.0) and self.error is None:
+            if time.monotonic() > deadline:
+                self.error = StoreError(f"the history database {self.store.path} stayed locked for {self.FINAL_WAIT:.0f} s; the end of this reply was not saved (it is still on screen)")
+                return
+            time.sleep(0.1)

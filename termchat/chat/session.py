@@ -7,13 +7,15 @@ stored conversation) is decided here once, so the two cannot drift.
 
 The reply lifecycle, for every front-end:
 
-1. A reply starts with `begin_reply()`: its owner (the live conversation and
-   the recorder it is stored with) is captured then, and the reply reads and
-   writes only those, never the session's current ones again.
-2. It streams; it ends complete, cut (Escape, Ctrl+C, or an action below),
-   failed (the engine answered an error) or broken (the stream broke). Every
-   ending stores the reply with its status and adds it to its owner's
-   conversation, even when empty, so user and assistant turns alternate.
+1. A reply starts with `begin_reply()`, the one way every front-end (the
+   TUI, the REPL, `ask`) starts one: a `chat.reply.Reply`, which captures its
+   owner (the live conversation and the recorder it is stored with) and reads
+   and writes only those, never the session's current ones again.
+2. It streams (`Reply.stream`); it ends complete, cut (Escape, Ctrl+C, or an
+   action below), failed (the engine answered an error) or broken (the stream
+   broke). Every ending stores the reply with its status and adds it to its
+   owner's conversation, even when empty, so user and assistant turns
+   alternate (chat/reply.py).
 3. An action that changes the conversation (new, open, clear, edit/branch,
    regenerate, delete the open one, profile switch, restart, quit) first ends
    the running reply and waits until it has ended (step 2), and only then
@@ -32,17 +34,10 @@ from termchat.detect import topic_probe
 from termchat.coding.attach import fenced_file
 from termchat.chat.conversation import Conversation, TemperatureChoice, parse_temperature
 from termchat.errors import UserError
-from termchat.chat.reply import Recorder
+from termchat.sanitize import valid
+from termchat.chat.reply import Recorder, Reply
 from termchat.profiles import SESSION_KEYS, Config, Profile, check_session_key, parse_session_value
 from termchat.chat.store import Message, Store, StoreError
-
-
-@dataclass(frozen=True)
-class ReplyOwner:
-    """The conversation and recorder a reply was started in."""
-
-    conversation: Conversation
-    recorder: Recorder
 
 
 class ChatSession:
@@ -70,15 +65,16 @@ class ChatSession:
     def conversation_id(self) -> int | None:
         return self.recorder.conversation_id if self.recorder else None
 
-    def begin_reply(self) -> ReplyOwner:
-        """What a reply starting now belongs to (step 1 of the lifecycle above)."""
+    def begin_reply(self, prompt: str, choice: TemperatureChoice) -> Reply:
+        """A reply to `prompt`, begun now (step 1 of the lifecycle above):
+        stored and in the live conversation before anything is sent."""
         if self.recorder is None:
             self.recorder = Recorder.start(self.store, self.profile, self.conversation.system_prompt)
-        return ReplyOwner(self.conversation, self.recorder)
+        return Reply.begin(self.conversation, self.recorder, prompt, self.profile, choice, self.knobs)
 
     def prepare(self, text: str) -> tuple[str, TemperatureChoice]:
         """The prompt as it is sent (with attachments) and its temperature."""
-        text = self.conversation.with_attachments(text)
+        text = self.conversation.with_attachments(valid(text)[0])
         return text, self.conversation.choose_temperature(text, self.profile)
 
     # ---- what the shared slash commands do ---------------------------------------------
@@ -112,8 +108,9 @@ class ChatSession:
         return "system prompt set" if arg else "system prompt back to the profile's"
 
     def attach(self, arg: str) -> str:
-        self.conversation.attachments.append(fenced_file(arg))
-        return f"attached {arg}; it goes with your next message"
+        block, notice = fenced_file(arg)
+        self.conversation.attachments.append(block)
+        return f"attached {arg}; it goes with your next message" + (f" ({notice})" if notice else "")
 
     def new_conversation(self) -> None:
         self.conversation = Conversation(auto_temperature=self.conversation.auto_temperature)

@@ -1,7 +1,7 @@
 """Conversations in one SQLite database (WAL mode) in the user's data folder.
 
 A user message is written before it is sent; a reply is written as it
-streams, at least once a second and at the end (`ReplyWriter`), so a crash or
+streams, at least once a second and at the end (`chat/reply.ReplyWriter`), so a crash or
 `kill -9` loses at most the last second of a reply and never a finished
 message. Schema changes are numbered migrations (PRAGMA user_version).
 Nothing here ever sees an API key.
@@ -82,6 +82,11 @@ def _explain(exc: sqlite3.Error, path: Path) -> StoreError:
     return StoreError(f"the history database {path} {why}. The reply on screen is not affected.")
 
 
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
 @dataclass
 class ConversationRecord:
     id: int
@@ -141,6 +146,7 @@ class Store:
             for extra in ("-wal", "-shm"):
                 paths.tighten(Path(f"{self.path}{extra}"))
             self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+            self.db.text_factory = _text  # a damaged or foreign row reads with U+FFFD, never an exception
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA foreign_keys = ON")
             self._patiently(self._wal)
@@ -352,62 +358,3 @@ def _title(text: str) -> str:
 def transient(exc: StoreError) -> bool:
     """A lock held by another writer passes; a full disk or a read-only file does not."""
     return "locked" in str(exc)
-
-
-class ReplyWriter:
-    """Writes a streaming reply: at once (empty), then at least once a second.
-
-    The whole text stays in memory, so a write that fails loses nothing: while
-    another process holds the database's lock, streaming writes wait at most
-    STREAM_WAIT (the screen must not freeze) and are retried at the next one;
-    the final write keeps trying for up to FINAL_WAIT, so the end of a reply
-    is never lost to a passing lock. Other errors (disk full, read-only) stop
-    the writing for this reply; the first one is kept in `error` for the
-    caller to show."""
-
-    STREAM_WAIT = 0.05
-    FINAL_WAIT = 15.0
-
-    def __init__(self, store: Store | None, conversation_id: int | None, interval: float = 1.0, **meta):
-        self.store, self.interval = store, interval
-        self.text = ""
-        self.error: StoreError | None = None
-        self.message_id: int | None = None
-        self._flushed = time.monotonic()
-        self._flushed_len = 0
-        if store is not None and conversation_id is not None:
-            try:
-                self.message_id = store.add_message(conversation_id, "assistant", "", status=STREAMING, **meta)
-            except StoreError as exc:
-                self.error = exc
-
-    def append(self, text: str) -> None:
-        self.text += text
-        if time.monotonic() - self._flushed >= self.interval:
-            self.flush()
-
-    def flush(self, status: str | None = None, stats: ReplyStats | None = None, wait: float | None = None) -> bool:
-        """Write what is new; False if a lock kept it from the database this time."""
-        if self.message_id is None or self.error is not None:
-            return True
-        if status is None and len(self.text) == self._flushed_len:
-            return True
-        text = self.text
-        try:
-            with self.store.waiting_at_most(self.STREAM_WAIT if wait is None else wait):
-                self.store.update_message(self.message_id, text, status, stats)
-        except StoreError as exc:
-            self._flushed = time.monotonic()  # try again after the interval, not at every step
-            if not transient(exc):
-                self.error = exc
-            return False
-        self._flushed, self._flushed_len = time.monotonic(), len(text)
-        return True
-
-    def finish(self, status: str = COMPLETE, stats: ReplyStats | None = None) -> None:
-        deadline = time.monotonic() + self.FINAL_WAIT
-        while not self.flush(status=status, stats=stats, wait=1.0) and self.error is None:
-            if time.monotonic() > deadline:
-                self.error = StoreError(f"the history database {self.store.path} stayed locked for {self.FINAL_WAIT:.0f} s; the end of this reply was not saved (it is still on screen)")
-                return
-            time.sleep(0.1)

@@ -14,25 +14,26 @@ from pygments.lexers import get_lexer_for_filename
 from pygments.util import ClassNotFound
 
 from termchat.errors import UserError
+from termchat.sanitize import NOT_UTF8, decoded
 
 MAX_BYTES = 256 * 1024
 
 
-def fenced_file(path_text: str, max_bytes: int = MAX_BYTES) -> str:
+def fenced_file(path_text: str, max_bytes: int = MAX_BYTES) -> tuple[str, str]:
+    """The file as a fenced block, and a notice ("" when none): a file that
+    is not valid UTF-8 is attached with U+FFFD where its bytes were not."""
     path = Path(path_text).expanduser()
     data = read_regular_file(path, max_bytes)
     if b"\x00" in data:
         raise UserError(f"/file: {path} is a binary file; only text files can be attached")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"/file: {path} is not UTF-8 text; convert it (iconv) or attach another file") from None
+    text, replaced = decoded(data)
+    notice = f"{path.name} {NOT_UTF8}" if replaced else ""
     try:
         language = get_lexer_for_filename(path.name, text).aliases[0]
     except (ClassNotFound, IndexError):
         language = ""
     fence = "````" if "```" in text else "```"
-    return f"{path.name}:\n{fence}{language}\n{text.rstrip()}\n{fence}\n"
+    return f"{path.name}:\n{fence}{language}\n{text.rstrip()}\n{fence}\n", notice
 
 
 def read_regular_file(path: Path, max_bytes: int) -> bytes:

@@ -272,12 +272,20 @@ def _score(prompt: str) -> tuple[int, list[str]]:
     return score, found
 
 
+# The detector reads at most this much of a prompt (a code fence anywhere still
+# counts: finding one is a fast scan): a pasted file or log decides by its start,
+# and a 5 MB paste costs what 4 kB does, on whatever thread asks (0.5 MB took
+# 8.4 s on the UI's event loop before). Each line is read up to LINE_CHARS.
+READ_CHARS = 4_000
+LINE_CHARS = 400
+
+
 def classify(prompt: str) -> Classification:
     """The rules, then (what they leave as text) the default model's topic probe."""
     result = rules_only(prompt)
     if result.is_code:
         return result
-    topic = topic_probe.probability(prompt)
+    topic = topic_probe.probability(prompt[: topic_probe.READ_CHARS])
     if topic is None:
         return result
     if topic >= 0.5:
@@ -288,11 +296,12 @@ def classify(prompt: str) -> Classification:
 def rules_only(prompt: str) -> Classification:
     if "```" in prompt or "~~~" in prompt:
         return Classification("code", "code fence")
+    prompt = prompt[:READ_CHARS]
     _, file_name = _lexer_vocabulary()
     name = file_name.search(prompt)
     if name:
         return Classification("code", f"file name {name.group(0)}")
-    lines = [line for line in prompt.splitlines() if line.strip()]
+    lines = [line[:LINE_CHARS] for line in prompt.splitlines() if line.strip()]
     code_lines = [line for line in lines if CODE_LINE.search(line)]
     if len(code_lines) >= 2 and len(code_lines) * 2 >= len(lines) - 1:
         return Classification("code", f"source lines{_language(code_lines)}")

@@ -33,6 +33,13 @@ class ReplyInterrupted(EngineError):
         self.partial = partial
 
 
+class LineTooLong(ValueError):
+    """A server sent a line longer than SSELines.limit (no SSE event is that long)."""
+
+
+MAX_LINE = 8 * 1024 * 1024  # characters: a chunk of vLLM's is a few hundred, with 20 top log-probabilities a few thousand
+
+
 class SSELines:
     """Server-sent-event lines from the bytes of a stream, split where the SSE
     spec ends a line (CR LF, LF or CR) and nowhere else.
@@ -40,27 +47,43 @@ class SSELines:
     httpx's `iter_lines` splits like `str.splitlines`, also at U+2028, U+2029,
     U+0085 and \\x1c-\\x1e, which JSON leaves raw inside strings: a model that
     sampled U+2028 (or merely listed it among its top log-probabilities) cut a
-    chunk in two, and the reply broke as "a line that is not JSON"."""
+    chunk in two, and the reply broke as "a line that is not JSON".
+
+    Linear in the bytes received: only new text is searched for line ends,
+    and an unfinished line is kept as pieces, joined once when it ends. A line
+    over `limit` characters raises LineTooLong as soon as it is that long."""
 
     ENDS = re.compile("\r\n|\r|\n")
 
-    def __init__(self):
+    def __init__(self, limit: int = MAX_LINE):
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._rest = ""
+        self._parts: list[str] = []  # the line not yet ended
+        self._size = 0
+        self._cr = False  # the last text ended in CR: perhaps the first half of a CR LF
+        self.limit = limit
 
     def feed(self, data: bytes) -> list[str]:
-        text = self._rest + self._decoder.decode(data)
-        # a CR at the end may be the first half of a CR LF still on its way
-        held = "\r" if text.endswith("\r") else ""
-        *lines, self._rest = self.ENDS.split(text[: len(text) - len(held)])
-        self._rest += held
+        text = self._decoder.decode(data)
+        if self._cr:
+            text, self._cr = "\r" + text, False
+        if text.endswith("\r"):
+            text, self._cr = text[:-1], True
+        *ended, rest = self.ENDS.split(text)
+        lines = []
+        if ended:
+            lines = ["".join(self._parts) + ended[0], *ended[1:]]
+            self._parts, self._size = [], 0
+        if rest:
+            self._parts.append(rest)
+            self._size += len(rest)
+        if self._size > self.limit or any(len(line) > self.limit for line in lines):
+            raise LineTooLong(f"a line of over {self.limit // (1024 * 1024)} MB with no line end")
         return lines
 
     def close(self) -> list[str]:
         """The last line, if the stream ended without a line end."""
-        # all that can be left is one line, perhaps ending in the CR feed() held back
-        line = (self._rest + self._decoder.decode(b"", final=True)).removesuffix("\r")
-        self._rest = ""
+        line = "".join(self._parts) + self._decoder.decode(b"", final=True)
+        self._parts, self._size, self._cr = [], 0, False
         return [line] if line else []
 
 
@@ -203,6 +226,8 @@ class ChatStream:
             raise ReplyInterrupted(_silent(self.engine, first_wait, bool(self.steps)), self.text) from None
         except (httpx.TransportError, httpx.StreamError) as exc:
             raise ReplyInterrupted(_transport_message(exc, self.engine, bool(self.text)), self.text) from None
+        except LineTooLong as exc:
+            raise ReplyInterrupted(f"the engine at {self.engine.base_url} sent {exc}, which is not a reply; the partial reply is kept", self.text) from None
         except (AttributeError, TypeError, KeyError) as exc:  # a JSON object of the wrong shape
             raise ReplyInterrupted(f"the engine at {self.engine.base_url} sent a reply of an unexpected shape ({type(exc).__name__}: {one_line(str(exc), 120)}); the partial reply is kept", self.text) from None
         if not done:
@@ -233,18 +258,17 @@ def token_ranks(logprobs: list[float], tops: list[list[float]]) -> list[int]:
 def reported_drafts(chunk: dict) -> dict | None:
     """A reply's own draft counts where other servers put them: llama.cpp's
     `timings` (draft_n, draft_n_accepted), LM Studio's `stats` (or `usage`:
-    total_draft_tokens_count, accepted_draft_tokens_count)."""
+    total_draft_tokens_count, accepted_draft_tokens_count). Checked by
+    stats.checked_figures: a bool or a string there is not a count."""
     timings = chunk.get("timings")
-    if isinstance(timings, dict) and isinstance(timings.get("draft_n"), int) and timings["draft_n"] > 0:
+    if isinstance(timings, dict) and timings.get("draft_n") not in (None, 0):
         drafted, accepted = timings["draft_n"], timings.get("draft_n_accepted")
     else:
-        box = next((b for b in (chunk.get("stats"), chunk.get("usage")) if isinstance(b, dict) and isinstance(b.get("total_draft_tokens_count"), int) and b["total_draft_tokens_count"] > 0), None)
+        box = next((b for b in (chunk.get("stats"), chunk.get("usage")) if isinstance(b, dict) and b.get("total_draft_tokens_count") not in (None, 0)), None)
         if box is None:
             return None
         drafted, accepted = box["total_draft_tokens_count"], box.get("accepted_draft_tokens_count")
-    if not isinstance(accepted, int) or not 0 <= accepted <= drafted:
-        return None
-    return {"num_draft_tokens": drafted, "num_accepted_draft_tokens": accepted, "draft_acceptance_rate": accepted / drafted, "source": "server"}
+    return stats_mod.checked_figures({"num_draft_tokens": drafted, "num_accepted_draft_tokens": accepted if accepted is not None else "missing", "source": "server"})
 
 
 def _chunk(data: str, partial: str) -> dict:

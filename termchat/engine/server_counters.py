@@ -13,6 +13,11 @@ The figures are then labelled approximate, never passed off as exact.
 
 A server without these counters (llama.cpp, LM Studio, an older vLLM, a
 proxy that hides `/metrics`) is asked once, then left alone.
+
+The page is data: a sample that is not a finite, non-negative number
+(Prometheus allows NaN and ±Inf), positions beyond any method's, and counters
+that went down between the two reads (the server restarted) make that reply's
+figures unknown, never exact and never a crash.
 """
 
 from __future__ import annotations
@@ -23,8 +28,15 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from termchat import numbers
+
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
 POSITION = re.compile(r'position="(\d+)"')
+SERIES = {
+    "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total", "vllm:request_success_total", "vllm:num_requests_running",
+}
+MAX_POSITIONS = 64  # as engine/stats.py
 SETTLE_S = 1.0  # the server records a step's counters just after it sends the step's tokens
 
 EXACT = "server total"
@@ -39,6 +51,7 @@ class Counters:
     per_position: dict[int, float] = field(default_factory=dict)
     finished: float = 0.0  # requests finished, every reason
     running: float = 0.0  # requests running now (a gauge)
+    bad: str = ""  # why these counters cannot be used ("": they can)
 
 
 def parse(text: str) -> Counters | None:
@@ -50,9 +63,11 @@ def parse(text: str) -> Counters | None:
         if not match:
             continue
         name, labels = match["name"], match["labels"] or ""
-        try:
-            value = float(match["value"])
-        except ValueError:
+        if name not in SERIES:
+            continue
+        value = numbers.parse_real(match["value"], 0.0, float(numbers.MAX_COUNT))
+        if value is None:
+            counters.bad = counters.bad or f"{name} = {match['value'][:20]!r} on the server's /metrics"
             continue
         if name == "vllm:spec_decode_num_drafts_total":
             counters.drafts += value
@@ -63,8 +78,10 @@ def parse(text: str) -> Counters | None:
             counters.accepted += value
         elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
             position = POSITION.search(labels)
-            if position:
+            if position and int(position[1]) < MAX_POSITIONS:
                 counters.per_position[int(position[1])] = counters.per_position.get(int(position[1]), 0.0) + value
+            elif position:
+                counters.bad = counters.bad or f"a draft position {position[1][:12]} on the server's /metrics (more than {MAX_POSITIONS})"
         elif name == "vllm:request_success_total":
             counters.finished += value
         elif name == "vllm:num_requests_running":
@@ -84,7 +101,14 @@ async def read(client: httpx.AsyncClient, root_url: str) -> Counters | None:
 
 def metrics(before: Counters, after: Counters) -> dict:
     """One reply's figures in the shape the server's per-request metrics have
-    (stats.compute reads both), with their source."""
+    (stats.compute reads both), with their source; `unknown` says why there
+    are none to trust."""
+    if before.bad or after.bad:
+        return {"unknown": before.bad or after.bad, "source": EXACT}
+    deltas = [after.drafts - before.drafts, after.accepted - before.accepted, after.draft_tokens - before.draft_tokens, after.finished - before.finished]
+    deltas += [after.per_position.get(i, 0.0) - before.per_position.get(i, 0.0) for i in set(after.per_position) | set(before.per_position)]
+    if any(d < 0 for d in deltas):
+        return {"unknown": "the server's counters went down during the reply (it restarted)", "source": EXACT}
     drafts = after.drafts - before.drafts
     accepted = after.accepted - before.accepted
     drafted = after.draft_tokens - before.draft_tokens

@@ -10,6 +10,14 @@ vLLM without that flag gives its `/metrics` totals (server_counters.py).
 Otherwise the figures are derived from step sizes. `acceptance_source` says
 which: "server", "server total" (or its approximate form), "step sizes".
 
+A server's numbers are data: `checked_figures` and `checked_usage` read them
+once, here, through termchat.numbers. A figure that cannot be right (NaN, a
+string, a bool, a rate over 1, more accepted than drafted, a counter that went
+down) makes the acceptance unknown, with the reason in `unknown`, and is
+never shown as exact. A server that sends text only (no token ids, no usage:
+llama-cpp-python, some proxies) still gets a TTFT and a token count, the
+count estimated from its chunks and marked as such (`~`).
+
 Decode tokens/s excludes prefill, as the article measures: output tokens after
 the first, over the time after the first token.
 """
@@ -18,7 +26,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from termchat import numbers
 from termchat.profiles.speculation import Speculation
+
+MAX_POSITIONS = 64  # no method proposes more drafts a step; more is not a figure to show
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,8 @@ class ReplyStats:
     acceptance_source: str = "none"  # "server" | server_counters.EXACT | server_counters.APPROXIMATE | "step sizes" | "none"
     temperature: float | None = None
     finish_reason: str | None = None
+    unknown: str = ""  # why the server's acceptance figures were not usable ("" : they were, or none came)
+    tokens_estimated: bool = False  # output_tokens counted from text chunks (no token ids, no usage)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,12 +88,15 @@ class ReplyStats:
 
     def short(self) -> str:
         """One line under a reply in the TUI."""
-        parts = [f"{self.output_tokens} tokens"]
+        about = "~" if self.tokens_estimated else ""
+        parts = [f"{about}{self.output_tokens} tokens"]
         if self.decode_tokens_per_s is not None:
-            parts.append(f"{self.decode_tokens_per_s:.1f} tok/s")
+            parts.append(f"{about}{self.decode_tokens_per_s:.1f} tok/s")
         if self.ttft_s is not None:
             parts.append(f"TTFT {self.ttft_s:.2f} s")
-        if self.acceptance_rate is not None:
+        if self.unknown:
+            parts.append("acceptance ?")
+        elif self.acceptance_rate is not None:
             parts.append(f"acceptance {self.acceptance_rate:.0%}")
         if self.mean_acceptance_length is not None:
             parts.append(f"mean length {self.mean_acceptance_length:.2f}")
@@ -90,8 +106,12 @@ class ReplyStats:
         """The full line `termchat ask` prints: short() plus where acceptance
         came from, per-position acceptance and the temperature."""
         parts = [self.short()]
-        if self.acceptance_rate is not None:
+        if self.unknown:
+            parts.append(f"acceptance unknown: {self.unknown}")
+        elif self.acceptance_rate is not None:
             parts.append(f"acceptance from the {self.acceptance_source}")
+        if self.tokens_estimated:
+            parts.append("tokens estimated from the text chunks (the server sent no token counts)")
         if self.acceptance_per_position:
             parts.append("per position " + " ".join(f"{p:.2f}" for p in self.acceptance_per_position))
         if self.temperature is not None:
@@ -109,6 +129,67 @@ def per_position_from_histogram(histogram: list[int]) -> list[float]:
     return [sum(histogram[p:]) / steps for p in range(1, len(histogram))]
 
 
+def checked_usage(usage: object) -> tuple[int | None, int | None]:
+    """(completion_tokens, prompt_tokens) of an OpenAI `usage` object; None where not a count."""
+    if not isinstance(usage, dict):
+        return None, None
+    return numbers.count(usage.get("completion_tokens")), numbers.count(usage.get("prompt_tokens"))
+
+
+def checked_figures(raw: object) -> dict:
+    """A server's speculation figures for one reply (vLLM's
+    `metrics.speculative_decoding`, llama.cpp's and LM Studio's draft counts,
+    or server_counters' deltas), checked: the same keys with trusted values,
+    or `unknown` set to why they cannot be used."""
+    if not isinstance(raw, dict):
+        return {"unknown": f"the server sent {type(raw).__name__} where figures belong"}
+    source = raw.get("source") if isinstance(raw.get("source"), str) else "server"
+    if isinstance(raw.get("unknown"), str) and raw["unknown"]:
+        return {"unknown": raw["unknown"], "source": source}
+    bad = []
+
+    def take(key, read):
+        value = raw.get(key)
+        if value is None:
+            return None
+        checked = read(value)
+        if checked is None:
+            bad.append(f"{key} = {str(value)[:40]!r}")
+        return checked
+
+    drafted = take("num_draft_tokens", numbers.count)
+    accepted = take("num_accepted_draft_tokens", numbers.count)
+    steps = take("num_spec_steps", numbers.count)
+    rate = take("draft_acceptance_rate", numbers.fraction)
+    length = take("mean_acceptance_length", lambda v: numbers.real(v, 1.0, 1.0 + MAX_POSITIONS))
+    histogram = take("acceptance_histogram", lambda v: _counts(v, MAX_POSITIONS + 1))
+    per_position = take("per_position", lambda v: _fractions(v, MAX_POSITIONS))
+    if drafted is not None and accepted is not None and accepted > drafted:
+        bad.append(f"{accepted} accepted of {drafted} drafted")
+    if bad:
+        return {"unknown": "the server's figures cannot be right (" + ", ".join(bad[:3]) + ")", "source": source}
+    if rate is None and drafted and accepted is not None:
+        rate = accepted / drafted
+    return {
+        "source": source, "draft_acceptance_rate": rate, "mean_acceptance_length": length, "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": drafted, "num_spec_steps": steps, "acceptance_histogram": histogram or [], "per_position": per_position or [],
+    }
+
+
+def _counts(value: object, most: int) -> list[int] | None:
+    if not isinstance(value, list) or len(value) > most:
+        return None
+    counts = [numbers.count(v) for v in value]
+    return None if None in counts else counts
+
+
+def _fractions(value: object, most: int) -> list[float] | None:
+    if not isinstance(value, list) or len(value) > most:
+        return None
+    rates = [numbers.fraction(v) for v in value]
+    return None if None in rates else rates
+
+
 def compute(
     steps: list[Step],
     started: float,
@@ -124,26 +205,36 @@ def compute(
     stats = ReplyStats(temperature=temperature, finish_reason=finish_reason)
     token_steps = [s for s in steps if s.token_ids]
     counted = sum(len(s.token_ids) for s in token_steps)
-    stats.output_tokens = (usage or {}).get("completion_tokens") or counted
-    stats.prompt_tokens = (usage or {}).get("prompt_tokens")
+    completion, stats.prompt_tokens = checked_usage(usage)
+    timed = token_steps or steps  # a server without token ids: its text chunks
+    if completion is not None:
+        stats.output_tokens = completion
+    elif token_steps:
+        stats.output_tokens = counted
+    else:
+        stats.output_tokens = len(steps)  # about one token a chunk: an estimate, and shown as one
+        stats.tokens_estimated = bool(steps)
     stats.steps = len(token_steps)
-    if token_steps:
-        first, last = token_steps[0], token_steps[-1]
+    if timed:
+        first, last = timed[0], timed[-1]
         stats.ttft_s = first.at - started
-        after_first = counted - 1
+        after_first = (counted if token_steps else stats.output_tokens) - 1
         stats.decode_s = last.at - first.at
         if after_first > 0 and stats.decode_s > 0:
             stats.decode_tokens_per_s = after_first / stats.decode_s
 
     if server_metrics:
-        stats.acceptance_source = server_metrics.get("source", "server")
-        stats.acceptance_rate = server_metrics.get("draft_acceptance_rate")
-        stats.mean_acceptance_length = server_metrics.get("mean_acceptance_length")
-        stats.accepted_tokens = server_metrics.get("num_accepted_draft_tokens")
-        stats.draft_tokens = server_metrics.get("num_draft_tokens")
-        stats.spec_steps = server_metrics.get("num_spec_steps")
-        stats.acceptance_histogram = list(server_metrics.get("acceptance_histogram") or [])
-        stats.acceptance_per_position = per_position_from_histogram(stats.acceptance_histogram) or list(server_metrics.get("per_position") or [])
+        figures = checked_figures(server_metrics)
+        stats.acceptance_source = figures.get("source", "server")
+        stats.unknown = figures.get("unknown", "")
+        if not stats.unknown:
+            stats.acceptance_rate = figures["draft_acceptance_rate"]
+            stats.mean_acceptance_length = figures["mean_acceptance_length"]
+            stats.accepted_tokens = figures["num_accepted_draft_tokens"]
+            stats.draft_tokens = figures["num_draft_tokens"]
+            stats.spec_steps = figures["num_spec_steps"]
+            stats.acceptance_histogram = figures["acceptance_histogram"]
+            stats.acceptance_per_position = per_position_from_histogram(stats.acceptance_histogram) or figures["per_position"]
     elif k and len(token_steps) > 1:
         # Derived: every decode step after the first (prefill) is taken to have
         # proposed k drafts. For draft-model methods that is exact; for ngram,

@@ -26,7 +26,7 @@ from termchat.engine.endpoint import EngineState
 from termchat.engine.process import ManagedEngine
 from termchat.engine.stats import ReplyStats
 from termchat.errors import UserError
-from termchat.chat.reply import Turn
+from termchat.chat.reply import Reply
 from termchat.profiles import Profile
 from termchat.chat.session import ChatSession
 from termchat.ui.screens.chat_commands import ChatCommands
@@ -69,7 +69,7 @@ class ChatScreen(ChatCommands, Screen):
         # held by every action that changes the conversation (and by sending):
         # they take turns, each whole, in the order the user gave them
         self.changing = asyncio.Lock()
-        self.live_turn: Turn | None = None  # the reply whose live figures the status bar shows
+        self.live_turn: Reply | None = None  # the reply whose live figures the status bar shows
         self.tint = False
         self.token_text: dict[int, str] = {}
         self.init_commands()
@@ -228,7 +228,8 @@ class ChatScreen(ChatCommands, Screen):
             return
         if await self.chat.end_reply():
             await self.chat.note("the reply above was cut to send your next prompt")
-        text, choice = self.session.prepare(text)
+        # the code detector (rules and the model's topic probe) off the event loop: a big paste must not hold a frame
+        text, choice = await asyncio.to_thread(self.session.prepare, text)
         view = await self.chat.show_prompt(text, f"{self.session.profile.name} · {choice.label()}")
         if not self.engines.ready:
             self.pending = (view, text, choice)

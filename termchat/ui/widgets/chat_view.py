@@ -26,7 +26,7 @@ from termchat.engine.client import ReplyInterrupted
 from termchat.engine.endpoint import Engine
 from termchat.engine.stats import ReplyStats, Step
 from termchat.errors import UserError
-from termchat.chat.reply import Turn, stream_turn
+from termchat.chat.reply import Reply
 from termchat.profiles import Profile
 from termchat.sanitize import inert
 from termchat.chat.session import ChatSession
@@ -44,7 +44,7 @@ class ReplyStarted(Message):
     the turn that started last and ignores news of a turn that has already
     ended (messages from two message loops may arrive late, never wrong)."""
 
-    turn: Turn
+    turn: Reply
 
 
 @dataclass
@@ -52,7 +52,7 @@ class ReplyProgress(Message):
     """Live figures from step sizes (marked ~ in the status bar); `waiting` is set
     while no token has come yet."""
 
-    turn: Turn
+    turn: Reply
     stats: ReplyStats | None
     waiting: float | None = None
 
@@ -63,7 +63,7 @@ class ReplyEnded(Message):
     answered with an error), "broken" (the stream broke; `engine_gone` says
     whether the engine died)."""
 
-    turn: Turn | None  # None: not a reply of this view (a test's stand-in end)
+    turn: Reply | None  # None: not a reply of this view (a test's stand-in end)
     how: str
     stats: ReplyStats | None
     error: str = ""
@@ -89,7 +89,7 @@ class ChatView(VerticalScroll):
     def __init__(self, session: ChatSession, **kwargs):
         super().__init__(**kwargs)
         self.session = session
-        self.current: tuple[MessageView, Turn] | None = None  # the last reply started, and its turn
+        self.current: tuple[MessageView, Reply] | None = None  # the last reply started, and its turn
 
     async def note(self, text: str) -> None:
         await self.mount(Static(f"— {inert(text)} —", classes="note", markup=False))
@@ -188,13 +188,12 @@ class ChatView(VerticalScroll):
         went out is still a turn (cut, empty), as the screen shows it. Its
         owner (the conversation and recorder) is captured now and never read
         again from the session."""
-        owner = self.session.begin_reply()
-        turn = Turn.begin(owner.conversation, owner.recorder, prompt, self.session.profile, choice, self.session.knobs)
+        turn = self.session.begin_reply(prompt, choice)
         self.current = (view, turn)
         self._stream(view, engine, turn, self.session.profile)
 
     @work(group="reply")
-    async def _stream(self, view: MessageView, engine: Engine, turn: Turn, profile: Profile) -> None:
+    async def _stream(self, view: MessageView, engine: Engine, turn: Reply, profile: Profile) -> None:
         steps: list[Step] = []
         sent, shown = time.monotonic(), 0.0
         choice = turn.choice
@@ -228,7 +227,7 @@ class ChatView(VerticalScroll):
                 self.post_message(ReplyStarted(turn))
                 await view.finish(None)  # clears "waiting for the engine"
                 ticker = self.set_interval(1.0, waiting)
-                outcome = await stream_turn(engine, profile, turn, on_step)
+                outcome = await turn.stream(engine, profile, on_step)
             finally:
                 if ticker is not None:
                     ticker.stop()
@@ -263,7 +262,7 @@ class ChatView(VerticalScroll):
         tell("complete", outcome.stats)
         await view.finish(outcome.stats)
 
-    def _link(self, view: MessageView, turn: Turn) -> None:
+    def _link(self, view: MessageView, turn: Reply) -> None:
         """Link the reply's views to their stored messages; show a store failure once."""
         view.message_id = turn.writer.message_id
         if view.prompt_view is not None:

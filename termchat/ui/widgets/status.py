@@ -54,7 +54,7 @@ def render(info: StatusInfo) -> Content:
     parts.append(Content.styled(f"{info.engine} {info.engine_detail}".strip(), STATE_STYLE.get(info.engine, "$warning")))
     r = info.reply or ReplyStats()
     if r.decode_tokens_per_s is not None:
-        parts.append(Content(f"{'live ' if info.live else ''}{r.decode_tokens_per_s:.1f} tok/s"))
+        parts.append(Content(f"{'live ' if info.live else ''}{'~' if r.tokens_estimated else ''}{r.decode_tokens_per_s:.1f} tok/s"))
     method = p.method if p else None
     level, _ = band(method, r.acceptance_rate, r.tokens_per_step, info.step_cost)
     style = LEVEL_STYLE.get(level, "bold")
@@ -62,7 +62,9 @@ def render(info: StatusInfo) -> Content:
     # where the figures come from: ~ from step sizes (while streaming, or a server that
     # reports nothing), ≈ a server's totals while other requests ran; none: exact
     mark = "~" if info.live or r.acceptance_source == "step sizes" else "≈" if r.acceptance_source == APPROXIMATE else ""
-    if r.acceptance_rate is not None:
+    if r.unknown:  # the server's figures could not be trusted: the reason is in the reply's details
+        parts.append(Content.styled("acc ?", "$warning"))
+    elif r.acceptance_rate is not None:
         parts.append(Content.assemble(f"acc {mark}", (f"{r.acceptance_rate:.0%}", "bold" if adaptive else style)))
     if r.mean_acceptance_length is not None:
         parts.append(Content.assemble(f"len {mark}", (f"{r.mean_acceptance_length:.2f}", style if adaptive else "")))
