@@ -92,3 +92,19 @@ def test_the_undo_stack_is_private(project):
     apply.write(apply.plan("x = 1\n", "python", "calc.py", project), undo)
     assert (project / "undo").stat().st_mode & 0o777 == 0o700
     assert all(p.stat().st_mode & 0o777 == 0o600 for p in (project / "undo").iterdir())
+
+
+def test_a_tampered_undo_record_never_restores_setuid_setgid_or_sticky_bits(project):
+    import json
+
+    undo = apply.UndoStack(project / "undo")
+    apply.write(apply.plan("print('hi')\n", "python", "tool.py", project), undo)
+    (project / "tool.py").unlink()  # gone; the record would recreate it
+    [entry] = undo._entries()
+    record = json.loads(entry.read_text())
+    record[0]["old"], record[0]["mode"] = "#!/bin/sh\necho pwned\n", 0o4777
+    entry.write_text(json.dumps(record))
+    (project / "tool.py").write_text("print('hi')\n")  # as /apply left it, so the undo applies
+    undo.undo()
+    mode = (project / "tool.py").stat().st_mode
+    assert mode & 0o7000 == 0, oct(mode)

@@ -122,6 +122,85 @@ def test_git_status_before_the_answer_runs_nothing_of_the_repository(tmp_path):
     assert not marker.exists()
 
 
+
+def test_git_status_before_the_answer_runs_no_filter_textconv_diff_pager_or_hook(tmp_path):
+    """A .git/config that names a program in every place git would run one."""
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.sh"
+    evil.write_text(f"#!/bin/sh\necho \"$0 $@\" >> {marker}\ncat\n")
+    evil.chmod(0o755)
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for name in ("a.py", "b.py", "c.py"):
+        (repo / name).write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py", "b.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    (repo / "b.py").write_text("x = 2\n")
+    (repo / ".gitattributes").write_text("* filter=x diff=x\n")
+    with open(repo / ".git" / "config", "a") as config:
+        config.write(f'[filter "x"]\n\tclean = {evil}\n\tsmudge = {evil}\n\tprocess = {evil}\n[diff "x"]\n\ttextconv = {evil}\n\tcommand = {evil}\n'
+                     f"[diff]\n\texternal = {evil}\n[core]\n\tfsmonitor = {evil}\n\tpager = {evil}\n\thooksPath = {tmp_path}\n[pager]\n\tstatus = {evil}\n")
+    subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True)
+    assert marker.exists()  # a plain `git status` runs the repository's programs
+    marker.unlink()
+    assert apply.git_status(repo / "a.py") == "git: unchanged since the last commit"
+    assert apply.git_status(repo / "b.py") == "git: modified, not staged"
+    assert apply.git_status(repo / "c.py") == "git: not tracked"
+    assert apply.git_status(tmp_path / "evil.sh") == ""  # outside a work tree
+    assert not marker.exists()
+
+
+def planted_parent(tmp_path):
+    """Someone else's folder (or a shared /tmp): .git, tests/ and a .venv whose python is theirs."""
+    parent = tmp_path / "shared"
+    (parent / ".git").mkdir(parents=True)
+    (parent / "tests").mkdir()
+    venv = parent / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text("#!/bin/sh\ntouch planted-ran\n")
+    (venv / "python").chmod(0o755)
+    (parent / "mine").mkdir()
+    return parent
+
+
+def test_a_parents_venv_python_is_asked_about_before_it_runs(tmp_path):
+    parent = planted_parent(tmp_path)
+    command_line, source = project_tests.resolve_test_command("", None, parent / "mine")
+    assert source == parent.resolve() / ".venv" / "bin" / "python" and not project.approved(source, command_line)
+    assert "project's own Python" in project.approval_question(source, command_line)
+    project.approve(source, command_line)
+    assert project.approved(source, command_line)
+    source.write_text("#!/bin/sh\ntouch other\n")  # the same path, other bytes: asked again
+    assert not project.approved(source, command_line)
+
+
+def test_a_project_root_another_user_owns_is_refused(tmp_path):
+    parent = planted_parent(tmp_path)
+    os.chown(parent, 65534, 65534)  # nobody's
+    try:
+        with pytest.raises(UserError, match="belongs to another user"):
+            project_tests.resolve_test_command("", None, parent / "mine")
+        (parent / ".termchat.toml").write_text('test_command = "touch x"\n')
+        with pytest.raises(UserError, match="belongs to another user"):
+            project.test_command(parent / "mine")
+        assert project_tests.resolve_test_command("echo mine", None, parent / "mine") == ("echo mine", None)  # typed by the user
+    finally:
+        os.chown(parent, os.getuid(), os.getgid())
+
+
+async def test_the_repl_asks_before_running_a_parents_venv_python(tmp_path, monkeypatch):
+    parent = planted_parent(tmp_path)
+    monkeypatch.chdir(parent / "mine")
+    said: list[str] = []
+    with create_pipe_input() as pipe:
+        repl = Repl(Config(builtin_profiles()), input=pipe, output=DummyOutput(), history_file=tmp_path / "h", write=said.append, store=None, color=False)
+        pipe.send_text("n\r")
+        await dispatch(repl, "/test")
+    assert "project's own Python" in "".join(said) and "nothing run" in "".join(said)
+    assert not list(tmp_path.rglob("planted-ran"))
+
+
 ESCAPES = {
     "host=0.0.0.0": True,  # becomes --host=0.0.0.0
     "hos": "0.0.0.0",  # argparse's abbreviation of --host
@@ -343,7 +422,7 @@ async def test_tests_of_a_module_at_the_root_import_it(tmp_path):
     venv.mkdir(parents=True)
     (venv / "python").symlink_to(sys.executable)  # the project's own interpreter, preferred
     command_line, source = project_tests.resolve_test_command("", None, tmp_path)
-    assert command_line.startswith(f"{venv / 'python'} -m pytest") and source is None
+    assert command_line.startswith(f"{venv / 'python'} -m pytest") and source == venv / "python"  # to approve first
     run = CommandRun(command_line, cwd=tmp_path)
     output = "".join([text async for text in run.chunks()])
     assert run.exit_code == 0, output

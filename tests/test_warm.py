@@ -162,6 +162,26 @@ def test_keep_alive_comes_from_the_profile_then_the_environment_then_five_minute
     assert local.keep_alive_s == 300.0 and replace(local, keep_alive=0).keep_alive_s == 0.0
 
 
+@pytest.mark.parametrize("value", ["inf", "Infinity", "1e999", "nan", "-5", "soon"])
+def test_a_keep_alive_that_is_not_a_time_is_one_clear_error(monkeypatch, value):
+    from termchat.errors import UserError
+    from termchat.profiles import builtin_profiles
+
+    monkeypatch.setenv("TERMCHAT_KEEP_ALIVE", value)
+    with pytest.raises(UserError, match="TERMCHAT_KEEP_ALIVE"):
+        builtin_profiles()["local"].keep_alive_s
+    result = subprocess.run([*TERMCHAT, "ask", "--profile", "local", "hi"], capture_output=True, text=True, timeout=120, env={**os.environ, "TERMCHAT_KEEP_ALIVE": value})
+    assert result.returncode == 2 and "TERMCHAT_KEEP_ALIVE" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("keep", ["NaN", "1e400", "Infinity", '"300"', "true", "-1"])
+def test_a_state_file_with_an_impossible_keep_alive_is_not_an_engine(tmp_path, keep):
+    path = tmp_path / "p.json"
+    path.write_text(f'{{"base_url": "http://127.0.0.1:9/v1", "api_key": "k", "pid": {os.getpid()}, "started": "{proc.started_at(os.getpid())}", "model": "m", "log": "/l", "keep_alive": {keep}}}')
+    assert state.read_record(path) is None
+    assert registry.running_engines(tmp_path) == []
+
+
 # ---- the watchdog's decisions, on state files alone (no engine) -------------------------------
 
 
@@ -234,3 +254,81 @@ def test_proc_stat_fields_survive_a_command_name_with_parentheses_and_spaces(tmp
         child.kill()
         child.wait()
     assert proc.stat_fields(child.pid) == [] and proc.started_at(child.pid) is None
+
+
+# ---- the serve folder holds only what termchat wrote ------------------------------------------
+
+
+def test_a_symlinked_lease_folder_is_removed_never_emptied(tmp_path):
+    precious = tmp_path / "thesis"
+    precious.mkdir()
+    (precious / "notes.md").write_text("mine")
+    serve = tmp_path / "serve"
+    (serve / "leases").mkdir(parents=True)
+    (serve / "leases" / "4000000").symlink_to(precious)
+    assert state.live_leases(4_000_000, serve) == []
+    state.remove_leases(4_000_000, serve)
+    assert (precious / "notes.md").read_text() == "mine"
+    assert not os.path.lexists(serve / "leases" / "4000000")
+    lease = state.take_lease(4_000_001, serve)  # and taking a lease through one makes a real folder
+    (serve / "leases" / "4000002").symlink_to(precious)
+    lease2 = state.take_lease(4_000_002, serve)
+    assert lease.parent.is_dir() and not lease2.parent.is_symlink() and sorted(p.name for p in precious.iterdir()) == ["notes.md"]
+
+
+def test_folders_and_fifos_in_the_serve_folder_neither_crash_nor_hang(tmp_path):
+    import threading
+
+    serve = tmp_path / "serve"
+    leases = serve / "leases" / "4000000"
+    (leases / "1234.ab").mkdir(parents=True)  # a folder among the lease files
+    os.mkfifo(serve / "x.json")  # a FIFO named like a state file
+    (serve / "y.json").mkdir()  # a folder too
+    done = []
+    worker = threading.Thread(target=lambda: done.append((registry.running_engines(serve), state.live_leases(4_000_000, serve), watchdog.Watchdog(serve, 1, 4_000_000).tick())))
+    worker.start()
+    worker.join(10)
+    assert done == [([], [], False)]
+
+
+def test_a_state_file_is_written_whole_0600_and_never_through_a_symlink(tmp_path):
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("not yours")
+    linked = tmp_path / "serve" / "p.json"
+    linked.parent.mkdir()
+    linked.symlink_to(target)
+    record = state.EngineRecord("http://127.0.0.1:9/v1", "secret-key", 4_000_000, "1", "m", "/l", keep_alive=60.0)
+    state.write_record(linked, record)
+    assert target.read_text() == "not yours" and not linked.is_symlink()
+    assert oct(linked.stat().st_mode & 0o777) == "0o600" and state.read_record(linked) == record
+    loose = tmp_path / "serve" / "q.json"
+    loose.write_text("{}")
+    loose.chmod(0o644)
+    state.write_record(loose, record)
+    assert oct(loose.stat().st_mode & 0o777) == "0o600"
+    assert state.read_record(linked) is not None and state.read_record(target) is None  # a symlink is not read either
+    (tmp_path / "serve" / "r.json").symlink_to(linked)
+    assert state.read_record(tmp_path / "serve" / "r.json") is None
+
+
+def test_a_recycled_pid_that_looks_like_an_engine_is_neither_waited_on_nor_signalled():
+    """A state file whose pid now belongs to another process that looks like
+    a vLLM server: stale (its start time differs), removed, and that process
+    is left alone."""
+    from termchat.engine.command import SERVER_MODULE
+    from termchat.profiles import builtin_profiles
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", SERVER_MODULE], start_new_session=True)
+    try:
+        profile = builtin_profiles()["local"].without_speculation()
+        path = registry.state_file(profile.name)
+        record = state.EngineRecord("http://127.0.0.1:9/v1", "k", other.pid, "1", profile.model, "/l", fingerprint=registry.fingerprint(profile), keep_alive=60.0)
+        state.write_record(path, record)
+        assert SERVER_MODULE.encode() in proc.cmdline(other.pid)
+        assert registry.find_served(profile, lease=True) is None
+        assert not path.exists()
+        time.sleep(0.5)
+        assert other.poll() is None  # not signalled
+    finally:
+        other.kill()
+        other.wait()

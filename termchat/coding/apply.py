@@ -250,20 +250,43 @@ def _termchat_reads(file: Path) -> bool:
     return any(file == folder.resolve() or folder.resolve() in file.parents for folder in folders)
 
 
+# Before the user has said yes, nothing the repository names may run: `git status`
+# runs clean filters (and textconv, fsmonitor, hooks) from .git/config. So the state
+# comes from plumbing that runs none: the index's and HEAD's blob ids (ls-files,
+# ls-tree) against the file's bytes hashed unfiltered (hash-object --no-filters).
+# A file whose checkout is filtered (autocrlf, lfs) may read as modified: a word
+# of caution, never a program of the repository's.
+_SAFE_GIT = ["git", "--no-pager", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "--no-optional-locks"]
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        done = subprocess.run([*_SAFE_GIT, *args], cwd=cwd, capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def git_status(path: Path) -> str:
     """The file's state in git, in words ("" outside a work tree)."""
-    try:
-        # before the user has said yes: nothing of the repository's may run (no fsmonitor, no hooks)
-        safe = ["-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "--no-optional-locks"]
-        done = subprocess.run(["git", *safe, "status", "--porcelain", "--", path.name], cwd=path.parent, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
+    cwd = path.parent
+    if _git(["rev-parse", "--is-inside-work-tree"], cwd) is None:
         return ""
-    if done.returncode != 0:
+    staged = _git(["ls-files", "--stage", "--", path.name], cwd)
+    if staged is None:
         return ""
-    code = done.stdout[:2]
-    if not code.strip():
-        return "git: unchanged since the last commit" if path.exists() else ""
-    return "git: " + {"??": "not tracked", " M": "modified, not staged", "M ": "staged", "MM": "staged and modified", "A ": "added"}.get(code, code.strip())
+    if not staged.strip():
+        return "git: not tracked" if path.exists() else ""
+    index_blob = staged.split()[1]
+    head = _git(["ls-tree", "HEAD", "--", path.name], cwd)
+    head_blob = head.split()[2] if head and head.strip() else None
+    worktree = _git(["hash-object", "--no-filters", "--", path.name], cwd) if path.exists() else None
+    modified = worktree is None or worktree.strip() != index_blob
+    if head_blob is None:
+        return "git: added" + (" and modified" if modified else "")
+    if head_blob != index_blob:
+        return "git: staged and modified" if modified else "git: staged"
+    return "git: modified, not staged" if modified else "git: unchanged since the last commit"
 
 
 class UndoStack:
@@ -310,7 +333,8 @@ class UndoStack:
             record = json.loads(entry.read_text())
             if not isinstance(record, list) or not record:
                 raise TypeError("not a list of files")
-            items = [(Path(i["path"]), i["old"], int(i["mode"]), str(i["new_sha"])) for i in record]
+            # a record is data: its mode is a file's permission bits only, never setuid, setgid or sticky
+            items = [(Path(i["path"]), i["old"], int(i["mode"]) & 0o777, str(i["new_sha"])) for i in record]
             if any(old is not None and not isinstance(old, str) for _, old, _, _ in items):
                 raise TypeError("old text is not a string")
         except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -7,13 +7,19 @@ the root's `.termchat.toml` is read: a file planted in a parent folder (say
 A `test_command` from that file came with the repository, not from the user,
 so it runs only once the user has seen it and said yes; the approval is kept
 per file and command (as direnv keeps `.envrc` approvals) in the private
-state folder, and asked again when either changes.
+state folder, and asked again when either changes. The project's own Python
+(`.venv/bin/python`) is code from the repository too: it runs `/test`'s
+pytest only once approved, per interpreter and content.
+
+A project root that another user owns is refused, as git's `safe.directory`
+refuses it: its commands, settings and interpreter are that user's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import tomllib
@@ -36,9 +42,25 @@ def root(cwd: Path) -> Path:
     return cwd
 
 
+def owned_root(cwd: Path) -> Path:
+    """The project root, or a UserError when another user owns it (or its .git)."""
+    top = root(cwd)
+    for path in (top, top / ".git"):
+        try:
+            owner = path.lstat().st_uid
+        except OSError:
+            continue
+        if owner != os.getuid():
+            raise UserError(
+                f"the project root {inert(str(top))} belongs to another user (uid {owner}): termchat runs none of its commands "
+                "or interpreters, as git refuses such a folder (safe.directory). Work in a folder of your own, or give the command yourself (/test COMMAND)"
+            )
+    return top
+
+
 def test_command(cwd: Path) -> tuple[str, Path] | None:
     """`test_command` from the project root's `.termchat.toml`, and that file."""
-    file = root(cwd) / PROJECT_FILE
+    file = owned_root(cwd) / PROJECT_FILE
     if not file.is_file():
         return None
     try:
@@ -52,15 +74,17 @@ def test_command(cwd: Path) -> tuple[str, Path] | None:
     return value, file
 
 
-def interpreter(folder: Path) -> str:
+def interpreter(folder: Path) -> tuple[str, Path | None]:
     """The project's own Python: its `.venv` or `venv`, else the one on PATH
     (bare `pytest` may be another environment's, and does not put the root on
-    sys.path: a module at the root and tests in tests/ fail to import)."""
+    sys.path: a module at the root and tests in tests/ fail to import). With
+    it, the file to approve first when it came with the project (None: the
+    user's own, from PATH)."""
     for name in (".venv", "venv"):
         candidate = folder / name / "bin" / "python"
         if candidate.is_file():
-            return str(candidate)
-    return shutil.which("python3") or shutil.which("python") or sys.executable
+            return str(candidate), candidate
+    return shutil.which("python3") or shutil.which("python") or sys.executable, None
 
 
 # ---- approvals ----------------------------------------------------------------------------
@@ -71,7 +95,15 @@ def _approvals_file() -> Path:
 
 
 def _key(file: Path, command: str) -> str:
-    return hashlib.sha256(f"{file.resolve()}\0{command}".encode()).hexdigest()
+    """One approval: the file, the command, and for an interpreter what it is
+    (the program it resolves to and its bytes: a swapped binary asks again)."""
+    what = ""
+    if file.name != PROJECT_FILE:
+        try:
+            what = hashlib.sha256(file.resolve().read_bytes()).hexdigest()
+        except OSError:
+            what = "unreadable"
+    return hashlib.sha256(f"{file.resolve()}\0{command}\0{what}".encode()).hexdigest()
 
 
 def _approvals() -> set[str]:
@@ -95,4 +127,11 @@ def approve(file: Path, command: str) -> None:
 
 def approval_question(file: Path, command: str) -> str:
     """What the user is asked (the command is the file's text: shown inert)."""
+    if file.name != PROJECT_FILE:
+        target = file.resolve()
+        also = f" (it is {inert(str(target))})" if target != file.absolute() else ""
+        return (
+            f"/test would run the project's own Python, {inert(str(file))}{also}:\n\n    {inert(command)}\n\n"
+            "It came with the project folder, not from you. Run it (now and until it changes)?"
+        )
     return f"{inert(str(file))} asks to run its test command:\n\n    {inert(command)}\n\nIt came with the project, not from you. Run it (now and until it changes)?"

@@ -3,7 +3,8 @@
 The command comes from, in order: `/test COMMAND`; the profile's
 `test_command`; `test_command` in the project root's `.termchat.toml` (run
 only once the user approved it: project.py); else pytest under the project's
-own interpreter, when the root has a `tests/` folder or pytest configuration.
+own interpreter (approved first when it is the project's `.venv`), when the
+root has a `tests/` folder or pytest configuration.
 The summary sent to the model names the failing tests and their assertion
 messages (pytest's `E` lines), not the whole log.
 """
@@ -42,9 +43,10 @@ def resolve_test_command(given: str, profile_command: str | None, cwd: Path) -> 
     found = project.test_command(cwd)
     if found:
         return found
-    top = project.root(cwd)
+    top = project.owned_root(cwd)
     if uses_pytest(top):
-        return f"{shlex.quote(project.interpreter(top))} -m pytest {PYTEST_ARGS}", None
+        python, source = project.interpreter(top)  # a project's own .venv is approved first, like its test_command
+        return f"{shlex.quote(python)} -m pytest {PYTEST_ARGS}", source
     raise UserError(f"no test command found here ({cwd}): give one (/test make check), or set test_command in the profile or in {top / project.PROJECT_FILE}")
 
 

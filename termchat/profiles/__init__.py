@@ -27,7 +27,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - pyproject pins >= 3.11; kept for the tomli fallback
     import tomli as tomllib
 
-from termchat import paths
+from termchat import numbers, paths
 from termchat.profiles import speculation
 from termchat.profiles.config_file import ConfigError, LineIndex, Problem, read_config_text
 from termchat.errors import UserError
@@ -41,6 +41,7 @@ TOP_KEYS = {"profiles": dict, "default_profile": str, "theme": str}
 # managed engine listen beyond this machine, or without its key
 OWNED_FLAGS = ("host", "port", "api_key", "uds", "model", "served_model_name", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "root_path", "headless")
 KEEP_ALIVE_S = 300.0  # Ollama's default: five minutes
+MAX_KEEP_ALIVE_S = 7 * 86400.0
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -87,7 +88,7 @@ class Profile:
     first_token_timeout: float = _key(300.0, "a number of seconds", low=0.0, high=86400.0, above=True)
     # seconds an engine started here stays warm after its last user left (Ollama's keep_alive);
     # None: TERMCHAT_KEEP_ALIVE, else KEEP_ALIVE_S; 0: it stops when termchat leaves it
-    keep_alive: float | None = _key(None, "a number of seconds (0: stop the engine when termchat leaves it)", low=0.0, high=7 * 86400.0)
+    keep_alive: float | None = _key(None, "a number of seconds (0: stop the engine when termchat leaves it)", low=0.0, high=MAX_KEEP_ALIVE_S)
     trust_remote_code: bool = _key(False, "true or false")
     theme: str | None = _key(None, "a theme name")
     test_command: str | None = _key(None, "a shell command such as 'pytest -q'")  # what /test runs
@@ -108,10 +109,13 @@ class Profile:
         """How long the engine stays warm (warm.py), from the profile, else the environment."""
         if self.keep_alive is not None:
             return float(self.keep_alive)
-        try:
-            return max(0.0, float(os.environ.get("TERMCHAT_KEEP_ALIVE", KEEP_ALIVE_S)))
-        except ValueError:
+        raw = os.environ.get("TERMCHAT_KEEP_ALIVE")
+        if raw is None:
             return KEEP_ALIVE_S
+        seconds = numbers.parse_real(raw, 0.0, MAX_KEEP_ALIVE_S)
+        if seconds is None:  # inf, NaN, 1e999, -5, words: not a time to wait
+            raise UserError(f"TERMCHAT_KEEP_ALIVE={raw[:40]!r} is not a number of seconds from 0 to {MAX_KEEP_ALIVE_S:.0f} (7 days); unset it or give one")
+        return seconds
 
     @property
     def is_remote(self) -> bool:
