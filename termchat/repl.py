@@ -292,6 +292,10 @@ class Repl(SessionCommands):
                 self.write(text)
 
         await self._interruptible(stream(), on_interrupt=run.stop)
+        if run.escaped:
+            self.say(run.stop_question())
+            answer = await self.prompt.prompt_async("stop them? (y/N) ", default="")
+            self.say(run.stop_escaped() if answer.strip().lower() in ("y", "yes") else "they keep running")
         return run
 
     async def do_add(self, arg: str) -> None:

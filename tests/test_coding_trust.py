@@ -26,6 +26,7 @@ from termchat.errors import UserError
 from termchat.profiles import Config, builtin_profiles, parse_config
 from termchat.repl import Repl
 from termchat.sanitize import clean_code, inert
+from termchat.engine import proc
 from termchat.coding.shell import LINE_CHARS, CommandRun
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.apply_diff import ApplyDiff
@@ -398,6 +399,37 @@ async def test_escape_stops_run_at_once_even_with_a_setsid_descendant(tmp_path, 
             assert [item.split()[2] for item in run.left_running] == ["(sleep)"]  # reported, not waited for
         finally:
             kill_listed(run)
+
+
+async def test_the_tui_stops_the_processes_a_command_left_running_on_the_users_word(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    app = TermchatApp(start_engine=False, resume=False)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        screen = app.chat_screen
+        await command(pilot, "/run setsid sleep 600 & echo started")
+        await wait_for(pilot, lambda: isinstance(app.screen, Confirm), timeout=15, what="the question")
+        run = screen.last_run
+        pid = run.escaped[0][0]
+        assert "left 1 process(es) running" in app.screen.question and "(sleep)" in app.screen.question
+        await pilot.press("y")
+        await wait_for(pilot, lambda: "stopped 1 process(es)" in notes(app) or not os.path.exists(f"/proc/{pid}"), timeout=15, what="the stop")
+        await pilot.pause(0.3)
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+
+
+async def test_the_repl_asks_before_stopping_what_a_command_left_running(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    said: list[str] = []
+    with create_pipe_input() as pipe:
+        repl = Repl(Config(builtin_profiles()), input=pipe, output=DummyOutput(), history_file=tmp_path / "h", write=said.append, store=None, color=False)
+        pipe.send_text("n\r")
+        await dispatch(repl, "/run setsid sleep 600 & echo one")
+        kept = repl.last_run
+        assert "they keep running" in "".join(said) and all(proc.is_running(pid, start) for pid, start in kept.escaped)
+        pipe.send_text("y\r")
+        await dispatch(repl, "/run setsid sleep 600 & echo two")
+        assert "stopped 1 process(es)" in "".join(said)
+        kill_listed(kept)
 
 
 async def test_a_line_without_newlines_is_folded():

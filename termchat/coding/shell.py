@@ -68,15 +68,15 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def holders(process: asyncio.subprocess.Process) -> list[str]:
-    """Other processes holding the command's output pipe ("pid N (name)"), from
-    /proc on Linux ([] elsewhere): what `setsid cmd &` leaves behind."""
+def holders(process: asyncio.subprocess.Process) -> list[int]:
+    """Other processes holding the command's output pipe, from /proc on Linux
+    ([] elsewhere): what `setsid cmd &` leaves behind."""
     try:
         pipe = process.stdout._transport.get_extra_info("pipe")  # our read end
         inode = os.fstat(pipe.fileno()).st_ino
     except (AttributeError, OSError, ValueError):
         return []
-    return [f"pid {pid} ({inert(proc.command_name(pid))})" for pid in proc.pipe_holders(inode, skip_pgid=process.pid)]
+    return proc.pipe_holders(inode, skip_pgid=process.pid)
 
 
 class CommandRun:
@@ -90,6 +90,7 @@ class CommandRun:
         self._process: asyncio.subprocess.Process | None = None
         self._stopped: asyncio.Event | None = None
         self.left_running: list[str] = []  # "pid N (name)" of processes that left its group holding the output
+        self.escaped: list[tuple[int, str | None]] = []  # those processes: pid and start time (a recycled pid is not theirs)
 
     async def chunks(self) -> AsyncIterator[str]:
         """The output as it comes (stdout and stderr together, inert, lines
@@ -150,7 +151,8 @@ class CommandRun:
             except TimeoutError:  # killed, yet not reaped: say so rather than wait
                 exited.cancel()
                 self.exit_code = self._process.returncode
-            self.left_running = [] if eof else holders(self._process)
+            self.escaped = [] if eof else [(pid, proc.started_at(pid)) for pid in holders(self._process)]
+            self.left_running = [f"pid {pid} ({inert(proc.command_name(pid))})" for pid, _ in self.escaped]
             transport = getattr(self._process, "_transport", None)
             if transport is not None:
                 transport.close()  # our end of the pipe: a process left holding it gets EPIPE
@@ -183,8 +185,34 @@ class CommandRun:
         else:
             said = f"exit {self.exit_code}"
         if self.left_running:
-            said += f"; it left running, outside its process group, holding its output: {', '.join(self.left_running)} (not waited for; kill them yourself if they should not run)"
+            said += f"; it left running, outside its process group, holding its output: {', '.join(self.left_running)} (not waited for)"
         return said
+
+    def stop_question(self) -> str:
+        return f"`{inert(self.command)}` left {len(self.escaped)} process(es) running outside its process group: {', '.join(self.left_running)}. Stop them?"
+
+    def stop_escaped(self) -> str:
+        """End the processes that left the command's group, on the user's word:
+        each by its pid while it is still the process that was found (same start
+        time), SIGTERM and then, after a second, SIGKILL. What was done, in words."""
+        import time
+
+        alive = [(pid, start) for pid, start in self.escaped if proc.is_running(pid, start)]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid, start in alive:
+                if proc.is_running(pid, start):
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            deadline = time.monotonic() + 1.0
+            while any(proc.is_running(pid, start) for pid, start in alive) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        left = [pid for pid, start in alive if proc.is_running(pid, start)]
+        self.escaped = []
+        if left:
+            return f"could not stop pid {', '.join(map(str, left))}"
+        return f"stopped {len(alive)} process(es)" if alive else "they had already ended"
 
     def for_model(self, limit: int = FOR_MODEL_CHARS) -> str:
         """The command, the end of its output and how it ended, for the next message."""

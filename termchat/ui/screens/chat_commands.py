@@ -170,6 +170,8 @@ class ChatCommands(SessionCommands):
             if self.running is run:  # not the newer command's
                 self.running = None
         self.last_run = run
+        if run.escaped and await self.app.push_screen_wait(Confirm(run.stop_question(), "y stops them · n, Enter or Escape: they keep running")):
+            self.say(await asyncio.to_thread(run.stop_escaped))
         if not tests:
             block.finish()
             return

@@ -15,11 +15,12 @@ class Confirm(Modal[bool]):
     BINDINGS = [Binding("y", "dismiss(True)", "Yes"), Binding("n,escape,enter", "dismiss(False)", "No")]
     CSS_PATH = "confirm.tcss"
 
-    def __init__(self, question: str):
+    def __init__(self, question: str, keys: str = "y runs it · n, Enter or Escape: nothing runs"):
         super().__init__()
         self.question = question
+        self.keys = keys
 
     def compose(self):
         with Vertical():
             yield Label(plain(self.question))
-            yield Label("y runs it · n, Enter or Escape: nothing runs", classes="keys")
+            yield Label(self.keys, classes="keys")
