@@ -10,7 +10,7 @@ stand-in (NOT vLLM: the real engine cannot be cut at will, nor made to start
 in a chosen time): an OpenAI-compatible server on loopback that streams short
 replies a few milliseconds a step and records every request.
 
-After each sequence it checks what the reply lifecycle (session.py) promises:
+After each sequence it checks what the reply lifecycle (chat/reply.py) promises:
 no exception, every action finished, nothing still streaming, the status bar
 not left on "live", no stored message left "streaming", every stored reply
 preceded by its prompt, the live conversation alternating and equal to the
