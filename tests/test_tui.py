@@ -14,20 +14,11 @@ from termchat.ui.widgets.message import MessageView
 from termchat.ui.widgets.prompt import PromptArea
 from termchat.ui.widgets.status import StatusBar
 
-from .conftest import group_alive, wait_for
+from .conftest import engine_profile, group_alive, wait_for
 
 pytestmark = pytest.mark.engine
 
-SWITCH_CONFIG = """
-[profiles.plain]
-description = "the same model without speculation"
-model = "termchat:smollm2-135m-instruct"
-dtype = "float32"
-max_model_len = 2048
-max_tokens = 64
-engine_args = { enforce_eager = true, distributed_executor_backend = "uni" }
-env = { VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_ENABLE_V1_MULTIPROCESSING = "0", TERMCHAT_FORK_ENGINE_CORE = "1" }
-"""
+SWITCH_CONFIG = engine_profile("plain", description="the same model without speculation", max_model_len=2048, max_tokens=64)
 
 
 async def type_and_send(pilot, text: str) -> None:

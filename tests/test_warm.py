@@ -24,25 +24,13 @@ from termchat.engine.controller import EngineController
 from termchat.engine.proc import group_members
 from termchat.profiles import load_config
 
-from .conftest import ROOT, TERMCHAT
+from .conftest import ROOT, TERMCHAT, engine_profile
 
 pytestmark = pytest.mark.engine
 
-PROFILE = """
-[profiles.{name}]
-model = "termchat:smollm2-135m-instruct"
-dtype = "float32"
-max_model_len = {max_model_len}
-max_tokens = 8
-keep_alive = {keep_alive}
-engine_args = {{ enforce_eager = true, distributed_executor_backend = "uni" }}
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "auto", VLLM_CPU_NUM_OF_RESERVED_CPU = "0", VLLM_ENABLE_V1_MULTIPROCESSING = "0", TERMCHAT_FORK_ENGINE_CORE = "1" }}
-"""
-
-
 def write_config(path: Path, **profiles) -> Path:
     """profiles: name -> (keep_alive, max_model_len)."""
-    path.write_text("".join(PROFILE.format(name=name, keep_alive=keep, max_model_len=length) for name, (keep, length) in profiles.items()))
+    path.write_text("".join(engine_profile(name, max_model_len=length, max_tokens=8, keep_alive=keep) for name, (keep, length) in profiles.items()))
     return path
 
 

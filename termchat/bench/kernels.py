@@ -95,7 +95,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
 
-    import json
 
     import torch
     from vllm import _custom_ops as ops
@@ -105,7 +104,7 @@ def main() -> None:
     from termchat.bench.roofline import read_bandwidth
 
     current_platform.import_kernels()
-    config = json.loads((models.folder("termchat:smollm2-135m-instruct") / "config.json").read_text())
+    config = models.read_config(models.folder("termchat:smollm2-135m-instruct"))
     layers = config["num_hidden_layers"]
     torch.manual_seed(0)
     rows = {k: torch.randn(1, k) for k, _ in shapes(config)}  # the row each matmul multiplies

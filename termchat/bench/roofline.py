@@ -10,7 +10,6 @@ than the reads). `termchat bench` prints it for each local profile.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +67,10 @@ def for_profile(profile) -> Roofline | None:
         return None
     try:
         folder = Path(models.resolve(profile.model))
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError, Exception):  # noqa: BLE001: a hub id not prepared here
+    except Exception:  # noqa: BLE001: a hub id not prepared here
         return None
-    if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+    config = models.read_config(folder)
+    if config is None or not folder.is_dir() or not any(folder.glob("*.safetensors")):
         return None
     dtype = profile.dtype if profile.dtype and profile.dtype != "auto" else config.get("dtype") or config.get("torch_dtype") or "float32"
     size = DTYPE_BYTES.get(str(dtype), 4)

@@ -60,7 +60,11 @@ class Encoder:
         from safetensors import safe_open
         from tokenizers import Tokenizer
 
-        self.config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        from termchat import models
+
+        self.config = models.read_config(folder)
+        if self.config is None:
+            raise OSError(f"{folder}: no readable config.json")
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.layers = layers
         wanted = ("model.embed_tokens.weight", *(f"model.layers.{i}." for i in range(layers)))

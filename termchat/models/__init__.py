@@ -50,6 +50,18 @@ def is_prepared(name: str) -> bool:
     return (folder(name) / "config.json").exists() and any(folder(name).glob("*.safetensors"))
 
 
+def read_config(folder: Path) -> dict | None:
+    """A model folder's config.json (Hugging Face's), or None when there is none
+    or it is not a JSON object: the one reader of it (advisor, topic probe, bench)."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def resolve(model: str) -> str:
     """A profile's `model` as vLLM should see it: built-in names become folders."""
     if model in BUILTIN:

@@ -10,7 +10,6 @@ acceptance rate.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -101,10 +100,7 @@ def _config(model: str) -> dict | None:
     folder = _local_folder(model)
     if folder is None:
         return None
-    try:
-        return json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
+    return models.read_config(folder)
 
 
 def params_billion(model: str) -> float | None:
