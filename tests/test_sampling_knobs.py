@@ -60,3 +60,26 @@ def test_set_overrides_the_profile_for_the_session_and_off_goes_back():
     for bad, words in (("temperature 0.2", "/set cannot change 'temperature'"), ("top_p 0", "out of range (0, 1]"), ("top_k lots", "takes an integer")):
         with pytest.raises(UserError, match=words.replace("(", r"\(").replace("[", r"\[")):
             session.set_knob(bad)
+
+
+def test_text_prompts_get_the_loop_guard_and_code_prompts_none(tmp_path):
+    from termchat import cli
+    from termchat.chat.conversation import Conversation
+    from termchat.profiles import builtin_profiles
+
+    from .standin import StandIn
+
+    local = builtin_profiles()["local"]
+    assert local.guard("text") == {"frequency_penalty": 0.5} and local.guard("code") == {}
+    assert local.sampling(kind="text")["frequency_penalty"] == 0.5 and local.sampling(kind="code")["frequency_penalty"] is None
+    assert local.sampling({"frequency_penalty": 0.1}, "text")["frequency_penalty"] == 0.1  # `/set` wins
+    poem = Conversation().choose_temperature("Write a short poem about the sea at night.", local)
+    code = Conversation().choose_temperature("Write a Python function that reverses a list.", local)
+    assert poem.kind == "text" and poem.label().startswith("T=0.7, freq 0.5") and code.kind == "code" and "freq" not in code.label()
+    with StandIn("ok") as standin:
+        config = tmp_path / "c.toml"
+        config.write_text(f'[profiles.standin]\nendpoint = "{standin.url}"\ntext_frequency_penalty = 0.5\n')
+        for prompt in ("Write a short poem about the sea at night.", "Write a Python function that reverses a list."):
+            assert cli.main(["ask", "--config", str(config), "--profile", "standin", prompt]) == 0
+    poem_body, code_body = standin.requests
+    assert poem_body["frequency_penalty"] == 0.5 and "frequency_penalty" not in code_body

@@ -15,7 +15,15 @@ built-in bench prompts, at the temperature termchat would pick (0 for code,
   their lines repeated;
 - code that parses: of the code prompts' replies with a ```python block, the
   share whose blocks all parse (a penalty also discourages the repeats code
-  needs: indentation, names, brackets).
+  needs: indentation, names, brackets);
+- loops: replies where one 4-word sequence is more than 25% of the words, or
+  one 6-word sequence occurs 4 times (the definition of the "replies worth
+  reading" issue).
+
+`--everyday` asks six everyday text prompts instead of the bench's (a poem, a
+story, a walk, a song, habits, a letter); `--seeds 2` two replies each. The
+setting "guard" is what the built-in profiles do: their text guard
+(`text_frequency_penalty`) on the prompts the detector calls text, none on code.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import re
 import statistics
 import sys
 import time
+from collections import Counter
 
 from termchat.bench.prompt_sets import builtin
 from termchat.detect.classify import temperature_for
@@ -40,7 +49,16 @@ SETTINGS = {
     "repetition_penalty 1.1": {"repetition_penalty": 1.1},
     "repetition_penalty 1.2": {"repetition_penalty": 1.2},
     "frequency_penalty 0.5": {"frequency_penalty": 0.5},
+    "guard": None,  # the profile's own: Profile.sampling(kind=...)
 }
+EVERYDAY = [
+    "Write a short poem about the sea at night.",
+    "Tell me a short story about a lighthouse keeper.",
+    "Describe a walk in a forest in autumn.",
+    "Write the lyrics of a song about summer.",
+    "What are some good morning habits?",
+    "Write a letter to a friend you have not seen for years.",
+]
 FENCE = re.compile(r"```(?:python|py)\n(.*?)(?:```|\Z)", re.S)
 
 
@@ -53,6 +71,14 @@ def distinct_2(text: str) -> float:
 def repeated_lines(text: str) -> float:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return (len(lines) - len(set(lines))) / len(lines) if lines else 0.0
+
+
+def loops(text: str) -> bool:
+    """One 4-word sequence is more than 25% of the words, or one 6-word sequence occurs 4 times."""
+    words = text.split()
+    four = Counter(zip(*(words[i:] for i in range(4))))
+    six = Counter(zip(*(words[i:] for i in range(6))))
+    return bool(four and max(four.values()) * 4 > 0.25 * len(words)) or bool(six and max(six.values()) >= 4)
 
 
 def parses(text: str) -> bool | None:
@@ -74,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="local-plain", choices=list(builtin_profiles()), help="a built-in profile (default local-plain: the sampling is the same with speculation)")
     parser.add_argument("--categories", help="comma-separated (default: all)")
     parser.add_argument("--settings", help=f"comma-separated, of: {'; '.join(SETTINGS)} (default: all)")
+    parser.add_argument("--everyday", action="store_true", help="six everyday text prompts instead of the bench's")
+    parser.add_argument("--seeds", type=int, default=1, help="replies per prompt and setting, each with its own seed")
     args = parser.parse_args(argv)
     names = args.settings.split(",") if args.settings else list(SETTINGS)
     unknown = [name for name in names if name not in SETTINGS]
@@ -89,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     for prompt in chosen:
         by_category.setdefault(prompt.category, []).append(prompt)
     prompts = [p for items in by_category.values() for p in items[: args.per_category]]
+    if args.everyday:
+        from termchat.bench.prompt_sets import BenchPrompt
+
+        prompts = [BenchPrompt(f"everyday-{i}", "everyday", text) for i, text in enumerate(EVERYDAY)]
+        by_category = {"everyday": prompts}
     started = time.monotonic()
     engine = open_engine(profile, progress=lambda line: print(line, file=sys.stderr), attach=False)
     results: dict[str, list[tuple]] = {}
@@ -96,22 +129,26 @@ def main(argv: list[str] | None = None) -> int:
         for name, knobs in settings.items():
             gate = asyncio.Semaphore(4)
 
-            async def one(prompt, knobs=knobs):
-                value, _ = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
+            async def one(prompt, seed, knobs=knobs):
+                value, kind = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
+                chosen = profile.guard(kind.kind) if knobs is None else knobs
                 async with gate:
-                    stream = await complete(engine, [{"role": "system", "content": profile.system_prompt}, {"role": "user", "content": prompt.text}], Sampling(temperature=value, top_p=profile.top_p, max_tokens=args.max_tokens, seed=1, **knobs))
+                    stream = await complete(engine, [{"role": "system", "content": profile.system_prompt}, {"role": "user", "content": prompt.text}], Sampling(temperature=value, top_p=profile.top_p, max_tokens=args.max_tokens, seed=seed, **chosen))
                 return prompt.category, stream.text, stream.stats.finish_reason if stream.stats else None
 
             async def every():
-                return await asyncio.gather(*(one(p) for p in prompts))
+                return await asyncio.gather(*(one(p, seed) for p in prompts for seed in range(1, args.seeds + 1)))
 
             results[name] = engine.run(every)
             print(f"{name}: done ({time.monotonic() - started:.0f} s)", file=sys.stderr)
     finally:
         engine.stop()
-    print(f"{len(prompts)} built-in prompts (up to {args.per_category} per category), one reply each per setting, up to {args.max_tokens} tokens, T = 0 for code and {profile.temperature:g} otherwise, profile {profile.name}\n")
-    print("| setting | distinct-2 | repeated lines | looping | code that parses | distinct-2 by category |")
-    print("|---|---|---|---|---|---|")
+    from termchat.bench.command import machine
+
+    print(f"machine: {machine().get('cpu')}, {machine().get('cores')} cores")
+    print(f"{len(prompts)} {'everyday' if args.everyday else 'built-in'} prompts, {args.seeds} reply(ies) each per setting, up to {args.max_tokens} tokens, T = 0 for code and {profile.temperature:g} otherwise, profile {profile.name}\n")
+    print("| setting | distinct-2 | repeated lines | looping | loops (4-gram > 25% or 6-gram x4) | code that parses | distinct-2 by category |")
+    print("|---|---|---|---|---|---|---|")
     for name, rows in results.items():
         d2 = statistics.fmean(distinct_2(text) for _, text, _ in rows)
         rep = statistics.fmean(repeated_lines(text) for _, text, _ in rows)
@@ -119,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         code = [parses(text) for category, text, _ in rows if category == "code"]
         code = [c for c in code if c is not None]
         by = " ".join(f"{c} {statistics.fmean(distinct_2(t) for cat, t, _ in rows if cat == c):.2f}" for c in by_category)
-        print(f"| {name} | {d2:.3f} | {rep:.1%} | {looping}/{len(rows)} | {sum(code)}/{len(code)} | {by} |")
+        looped = sum(loops(text) for _, text, _ in rows)
+        print(f"| {name} | {d2:.3f} | {rep:.1%} | {looping}/{len(rows)} | {looped}/{len(rows)} | {sum(code)}/{len(code)} | {by} |")
     print(f"\n({time.monotonic() - started:.0f} s)")
     return 0
 

@@ -77,14 +77,13 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
     samples = []
     system = [{"role": "system", "content": profile.system_prompt}] if profile.system_prompt else []
     for prompt in prompts:
-        if temperature is None:
-            value, _ = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
-        else:
+        value, detected = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
+        if temperature is not None:
             value = temperature
         for run in range(runs):
             started = time.monotonic()
             # log-probabilities at T > 0: the report checks from them that speculation sampled what the model samples without it
-            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, **(profile.sampling() | {"max_tokens": max_tokens, "seed": _seed(prompt, run)}), logprobs=value > 0, top_logprobs=TOP_LOGPROBS if value > 0 else 0))
+            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, **(profile.sampling(kind=detected.kind) | {"max_tokens": max_tokens, "seed": _seed(prompt, run)}), logprobs=value > 0, top_logprobs=TOP_LOGPROBS if value > 0 else 0))
             stats = stream.stats
             progress.request(time.monotonic() - started, f"{label} {prompt.id}")
             if not stats.decode_tokens_per_s:

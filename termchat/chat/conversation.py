@@ -26,9 +26,12 @@ class TemperatureChoice:
     value: float
     lowered: bool  # the code temperature was applied
     reason: str
+    kind: str = ""  # "code" | "text": what the detector said ("" when it was not asked)
+    guard: tuple[tuple[str, float], ...] = ()  # the loop guard a text prompt gets (Profile.guard)
 
     def label(self) -> str:
-        return f"T={self.value:g}" + (" ↓code" if self.lowered else "") + f" ({self.reason})"
+        guard = "".join(f", {key.split('_')[0][:4]} {value:g}" for key, value in self.guard)
+        return f"T={self.value:g}{guard}" + (" ↓code" if self.lowered else "") + f" ({self.reason})"
 
 
 @dataclass
@@ -60,15 +63,16 @@ class Conversation:
         return text
 
     def choose_temperature(self, prompt: str, profile: Profile) -> TemperatureChoice:
+        value, kind = temperature_for(prompt, profile.temperature, profile.code_temperature, self.auto_temperature)
+        guard = tuple(profile.guard(kind.kind).items())
         if self.forced_temperature is not None:
             value, self.forced_temperature = self.forced_temperature, None
-            return TemperatureChoice(value, False, "set with /temp")
-        value, kind = temperature_for(prompt, profile.temperature, profile.code_temperature, self.auto_temperature)
+            return TemperatureChoice(value, False, "set with /temp", kind.kind, guard)
         if not self.auto_temperature:
-            return TemperatureChoice(value, False, f"auto off; {kind.kind} prompt")
+            return TemperatureChoice(value, False, f"auto off; {kind.kind} prompt", kind.kind, guard)
         if kind.is_code:
-            return TemperatureChoice(value, value < profile.temperature, f"code: {kind.reason}")
-        return TemperatureChoice(value, False, "text prompt")
+            return TemperatureChoice(value, value < profile.temperature, f"code: {kind.reason}", kind.kind, guard)
+        return TemperatureChoice(value, False, "text prompt", kind.kind, guard)
 
     def request(self, profile: Profile) -> list[dict]:
         """The messages to send: system prompt first, then the turns."""

@@ -28,7 +28,7 @@ So the conversation sent to the model is always the stored branch on screen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from termchat.detect import topic_probe
 from termchat.coding.attach import fenced_file
@@ -75,7 +75,10 @@ class ChatSession:
     def prepare(self, text: str) -> tuple[str, TemperatureChoice]:
         """The prompt as it is sent (with attachments) and its temperature."""
         text = self.conversation.with_attachments(valid(text)[0])
-        return text, self.conversation.choose_temperature(text, self.profile)
+        choice = self.conversation.choose_temperature(text, self.profile)
+        if any(key in self.knobs for key, _ in choice.guard):  # `/set` wins over the text guard
+            choice = replace(choice, guard=tuple((k, v) for k, v in choice.guard if k not in self.knobs))
+        return text, choice
 
     # ---- what the shared slash commands do ---------------------------------------------
 
