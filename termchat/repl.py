@@ -24,11 +24,11 @@ from pygments.formatters import Terminal256Formatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from termchat.coding import apply, project, project_tests
+from termchat.coding import apply
+from termchat.coding.commands import STOP_KEYS, CodingCommands
 
 from termchat import paths
-from termchat.coding.apply import UndoStack
-from termchat.slash import SessionCommands, apply_arguments, code_block, dispatch, help_text
+from termchat.slash import SessionCommands, dispatch, help_text
 from termchat.engine.client import ReplyInterrupted
 from termchat.engine.controller import EngineController
 from termchat.engine.endpoint import plain_http_warning
@@ -92,7 +92,7 @@ class ReplyPrinter:
         self.write("\n")
 
 
-class Repl(SessionCommands):
+class Repl(SessionCommands, CodingCommands):
     """The line front-end: the same session, engine controller and slash
     commands as the TUI, shown as lines."""
 
@@ -115,10 +115,8 @@ class Repl(SessionCommands):
         self.prompt = PromptSession(history=FileHistory(str(history_file)), input=input, output=output, multiline=True, key_bindings=keys)
         self.session = ChatSession(config, config.get(profile), store)
         self.engines = EngineController()
-        self.undo = UndoStack()
-        self.last_run: CommandRun | None = None
-        self.last_failure: tuple[str, str] | None = None
-        self.applied: list[Path] = []  # the files the last /apply wrote (where a fix goes)
+        self.init_coding()
+        self.fixing = False
         self.next_text = ""  # put in the prompt for editing (/edit)
         self.quitting = False
 
@@ -128,6 +126,7 @@ class Repl(SessionCommands):
         self.write((DIM + text + RESET if self.color else text) + "\n")
 
     error = say
+    warn = say
 
     # ---- engine ------------------------------------------------------------------------
 
@@ -253,29 +252,45 @@ class Repl(SessionCommands):
         replies = [m["content"] for m in self.session.conversation.messages if m["role"] == "assistant"]
         return [block for reply in replies for block in code_blocks(reply)]
 
-    async def do_apply(self, arg: str) -> None:
-        number, path = apply_arguments(arg)
-        block = code_block(self._code_blocks(), number, "apply")
-        if block.warning:
-            self.say(block.warning)
-        changes = apply.plan(block.code, block.language, path, Path.cwd())
-        self._show(changes)
-        answer = await self.prompt.prompt_async("write it? (y/N) ", default="")
-        if answer.strip().lower() not in ("y", "yes"):
-            self.say("nothing written")
-            return
-        self._write(changes)
+    # ---- the coding commands' hooks (coding/commands.py) -------------------------------
 
-    def _show(self, changes: list[apply.Change]) -> None:
+    def code_blocks(self) -> list[CodeBlock]:
+        return self._code_blocks()
+
+    def last_reply_blocks(self) -> list[CodeBlock]:
+        return code_blocks(self.session.conversation.messages[-1]["content"])
+
+    async def start(self, flow) -> None:
+        await flow  # in the foreground: nothing else can be typed meanwhile
+
+    async def confirm(self, question: str, keys: str) -> bool:
+        self.say(question)
+        answer = await self.prompt.prompt_async("stop them? (y/N) " if keys == STOP_KEYS else "run it? (y/N) ", default="")
+        return answer.strip().lower() in ("y", "yes")
+
+    async def review(self, changes: list[apply.Change]) -> bool:
+        self.shown(changes)
+        answer = await self.prompt.prompt_async("write it? (y/N) ", default="")
+        return answer.strip().lower() in ("y", "yes")
+
+    def shown(self, changes: list[apply.Change]) -> None:
         for change in changes:
             self.write(inert(change.diff(Path.cwd())) or f"{change.path}: no change\n")
             status = apply.git_status(change.path)
             if status:
                 self.say(f"{change.path.name}: {status}")
 
-    def _write(self, changes: list[apply.Change]) -> None:
-        self.say("applied: " + apply.write(changes, self.undo))
-        self.applied = [c.path for c in changes]
+    async def run_shell(self, command: str, tests: bool) -> CommandRun:
+        return await self._run(command)
+
+    async def ask_reply(self, prompt: str) -> bool:
+        return await self.send(prompt)
+
+    def tests_passed(self, run: CommandRun, fixed: bool) -> None:
+        self.say("tests pass" + (" after the fix" if fixed else ""))
+
+    def tests_failed(self, run: CommandRun, summary: str) -> None:
+        self.say(f"tests fail ({run.outcome()}). /fix sends this summary and asks for a fix (/fix 3: up to 3 rounds of fix, apply, test):\n{summary}")
 
     async def do_run(self, arg: str) -> None:
         if not arg:
@@ -292,10 +307,7 @@ class Repl(SessionCommands):
                 self.write(text)
 
         await self._interruptible(stream(), on_interrupt=run.stop)
-        if run.escaped:
-            self.say(run.stop_question())
-            answer = await self.prompt.prompt_async("stop them? (y/N) ", default="")
-            self.say(run.stop_escaped() if answer.strip().lower() in ("y", "yes") else "they keep running")
+        await self.offer_to_stop(run)
         return run
 
     async def do_add(self, arg: str) -> None:
@@ -303,44 +315,6 @@ class Repl(SessionCommands):
             raise UserError("no command output yet: /run COMMAND or /test first")
         self.session.conversation.attachments.append(self.last_run.for_model())
         self.say(f"the output of `{self.last_run.command}` goes with your next message")
-
-    async def do_test(self, arg: str) -> None:
-        command, source = project_tests.resolve_test_command(arg, self.session.profile.test_command, Path.cwd())
-        if source is not None and not project.approved(source, command):
-            self.say(project.approval_question(source, command))
-            answer = await self.prompt.prompt_async("run it? (y/N) ", default="")
-            if answer.strip().lower() not in ("y", "yes"):
-                self.say(f"nothing run; /test COMMAND runs a command you type, or edit {source.name}")
-                return
-            try:
-                project.approve(source, command)
-            except OSError as exc:
-                self.say(f"could not remember the approval ({exc.strerror or exc}); it will be asked again")
-        run = await self._run(command)
-        if run.exit_code == 0:
-            self.say("tests pass" + (" after the fix" if self.last_failure else ""))
-            self.last_failure = None
-        else:
-            self.last_failure = (command, project_tests.failure_summary(run.output))
-            self.say(f"tests fail ({run.outcome()}). /fix sends this summary and asks for a fix (/fix 3: up to 3 rounds of fix, apply, test):\n{self.last_failure[1]}")
-
-    async def do_fix(self, arg: str) -> None:
-        """One request; with ROUNDS, the loop: fix, apply where the last /apply wrote, test."""
-        if self.last_failure is None:
-            raise UserError("no failing /test to fix; run /test first")
-        rounds = project_tests.fix_rounds(arg)
-        for _ in range(max(rounds, 1)):
-            command, summary = self.last_failure
-            if not await self.send(project_tests.fix_request(command, summary, project_tests.fix_files(self.applied, summary, Path.cwd()))) or not rounds:
-                return
-            blocks = [(block.language, block.code) for block in code_blocks(self.session.conversation.messages[-1]["content"])]
-            changes = project_tests.plan_fix(blocks, self.applied, Path.cwd())
-            self._show(changes)
-            self._write(changes)
-            await self.do_test(self.last_failure[0])
-            if self.last_failure is None or self.last_run.ended_by == "stopped":
-                return
-        self.say("the tests still fail after the rounds asked for; the changes stay (/undo restores them one by one)")
 
 
 def run_repl(config: Config, profile: str | None) -> int:

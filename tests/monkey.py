@@ -24,12 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable

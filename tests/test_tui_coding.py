@@ -16,7 +16,6 @@ from termchat.chat.store import Store
 from termchat.ui.app import TermchatApp
 from termchat.ui.screens.apply_diff import ApplyDiff
 from termchat.ui.screens.history import HistoryScreen
-from termchat.ui.widgets.chat_view import ReplyEnded
 from termchat.ui.widgets.command_output import CommandOutput
 from termchat.ui.widgets.message import MessageView
 from termchat.ui.widgets.prompt import PromptArea
@@ -197,10 +196,17 @@ async def test_the_fix_loop_applies_the_reply_where_the_last_apply_wrote_and_tes
         await pilot.press("y")
         await command(pilot, "/test")
         await wait_for(pilot, lambda: screen.last_failure is not None, timeout=60, what="failing tests")
-        screen.fixing, screen.fix_rounds_left = True, 1  # as /fix 2 leaves it after sending its first request
-        await reply_on_screen(app, "The sign was wrong:\n\n```python\ndef add(a, b):\n    return a + b\n```\n")
-        screen.post_message(ReplyEnded(None, "complete", None))
-        await wait_for(pilot, lambda: screen.last_failure is None, timeout=60, what="tests pass")
+        asked = []
+
+        async def scripted_reply(prompt: str) -> bool:  # the model's turn, scripted
+            asked.append(prompt)
+            await reply_on_screen(app, "The sign was wrong:\n\n```python\ndef add(a, b):\n    return a + b\n```\n")
+            return True
+
+        screen.ask_reply = scripted_reply
+        await command(pilot, "/fix 2")
+        await wait_for(pilot, lambda: screen.last_failure is None and not screen.fixing, timeout=60, what="tests pass")
+        assert len(asked) == 1 and "tests/test_calc.py::test_add" in asked[0]  # green after one round: no second request
         assert (project / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
         assert "tests pass after the fix" in notes(app) and not screen.fixing
         await command(pilot, "/undo")
@@ -212,13 +218,20 @@ async def test_escape_during_the_loops_test_run_ends_the_loop(project):
     async with app.run_test(size=(120, 40)) as pilot:
         screen = app.chat_screen
         screen.last_failure = ("sleep 30", "- FAILED tests/test_calc.py::test_add")
-        screen.fixing, screen.fix_rounds_left = True, 2  # a /fix 3 loop, its first fix applied
-        screen.run_command("sleep 30", tests=True)
-        await wait_for(pilot, lambda: screen.running is not None, what="the loop's test run")
+        asked = []
+
+        async def scripted_reply(prompt: str) -> bool:  # the model's turn, scripted
+            asked.append(prompt)
+            await reply_on_screen(app, "```python\n# calc.py\ndef add(a, b):\n    return a + b\n```\n")
+            return True
+
+        screen.ask_reply = scripted_reply
+        await command(pilot, "/fix 3")  # its first fix applied, then the test run
+        await wait_for(pilot, lambda: screen.running is not None and screen.running.command == "sleep 30", what="the loop's test run")
         await pilot.press("escape")
         await wait_for(pilot, lambda: not screen.fixing, timeout=10, what="the loop to end")
-        assert screen.fix_rounds_left == 0 and "the fix loop stopped with the tests" in notes(app)
-        assert not [v for v in app.query(MessageView) if v.role == "user"]  # no fix request went out
+        assert "the fix loop stopped with the tests" in notes(app)
+        assert len(asked) == 1  # no second fix request went out
 
 
 async def test_the_palette_offers_each_code_block_and_shows_its_code_as_plain_text(project):

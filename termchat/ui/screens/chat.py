@@ -298,7 +298,6 @@ class ChatScreen(ChatCommands, Screen):
             self.status(**changes)
         if event.how == "broken":
             self.engine_failed(event.error, event.engine_gone)
-        self.reply_ended(event)
 
     async def open_conversation(self, conversation_id: int) -> None:
         """Show a stored conversation (or branch) and continue it."""

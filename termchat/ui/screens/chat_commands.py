@@ -13,9 +13,12 @@ import asyncio
 from pathlib import Path
 
 from textual import work
+from textual.worker import WorkerState
 
-from termchat.coding import apply, project, project_tests
-from termchat.slash import SessionCommands, apply_arguments, code_block
+from termchat.chat.store import COMPLETE
+from termchat.coding import apply
+from termchat.coding.commands import CodingCommands
+from termchat.slash import SessionCommands, code_block
 from termchat.errors import UserError
 from termchat.files import write_export
 from termchat.coding.shell import CommandRun
@@ -30,15 +33,10 @@ from termchat.coding.reply_code import CodeBlock
 from termchat.ui.widgets.prompt import PromptArea
 
 
-class ChatCommands(SessionCommands):
+class ChatCommands(SessionCommands, CodingCommands):
     def init_commands(self) -> None:
-        self.undo = apply.UndoStack()
+        self.init_coding()
         self.running: CommandRun | None = None
-        self.last_run: CommandRun | None = None
-        self.last_failure: tuple[str, str] | None = None  # (test command, failure summary)
-        self.applied: list[Path] = []  # the files the last /apply wrote (where a fix goes)
-        self.fix_rounds_left = 0
-        self.fixing = False  # a /fix ROUNDS loop is running
 
     # ---- the shared commands -------------------------------------------------------------
 
@@ -101,34 +99,72 @@ class ChatCommands(SessionCommands):
         except UserError as exc:
             return self.say(str(exc))
         if apply.is_patch(block.code, block.language):
-            self.run_worker(self.apply_block(block, None))
+            self.run_worker(self.apply_flow(block, None))
             return
         guess = str(self.applied[0]) if len(self.applied) == 1 else ""
-        self.app.push_screen(AskText("Apply the code block to file (a diff is shown first):", guess), lambda path: path and self.run_worker(self.apply_block(block, path)))
+        self.app.push_screen(AskText("Apply the code block to file (a diff is shown first):", guess), lambda path: path and self.run_worker(self.apply_flow(block, path)))
 
-    async def do_apply(self, arg: str) -> None:
-        number, path = apply_arguments(arg)
-        self.run_worker(self.apply_block(self.block(number, "apply"), path))
+    # ---- the coding commands' hooks (coding/commands.py) -------------------------------
 
-    async def apply_block(self, block: CodeBlock, path: str | None) -> None:
-        try:
-            changes = apply.plan(block.code, block.language, path, Path.cwd())
-        except UserError as exc:
-            return self.error(str(exc))
-        if block.warning:
-            self.notify(block.warning, severity="warning", timeout=15)
-        if not await self.app.push_screen_wait(ApplyDiff(changes, Path.cwd())):
-            return self.say("nothing written")
-        self.write_changes(changes)
+    def code_blocks(self) -> list[CodeBlock]:
+        return self.chat.code_blocks()
 
-    def write_changes(self, changes: list[apply.Change]) -> bool:
-        try:
-            self.say("applied: " + apply.write(changes, self.undo))
-        except UserError as exc:
-            self.error(str(exc))
+    def last_reply_blocks(self) -> list[CodeBlock]:
+        replies = self.chat.replies()
+        return replies[-1].code_blocks() if replies else []
+
+    def warn(self, text: str) -> None:
+        self.notify(text, severity="warning", timeout=15)
+
+    async def start(self, flow) -> None:
+        """A flow runs as a worker: the screen keeps handling keys meanwhile.
+        The fix loop's is in the group `fix`, which ending the loop cancels."""
+        if flow.__name__ == "fix_flow":
+            self.run_worker(flow, group="fix", exclusive=True)
+        else:
+            self.run_worker(flow, group="coding")
+
+    async def confirm(self, question: str, keys: str) -> bool:
+        return bool(await self.app.push_screen_wait(Confirm(question, keys)))
+
+    async def review(self, changes: list[apply.Change]) -> bool:
+        return bool(await self.app.push_screen_wait(ApplyDiff(changes, Path.cwd())))
+
+    def shown(self, changes: list[apply.Change]) -> None:
+        pass  # the loop's writes are named in the "applied:" line; /undo restores them
+
+    async def run_shell(self, command: str, tests: bool) -> CommandRun | None:
+        worker = self.run_command(command, tests=tests)
+        await wait_for_worker(worker)
+        return worker.result if worker.state == WorkerState.SUCCESS else None
+
+    async def ask_reply(self, prompt: str) -> bool:
+        """Send `prompt` and wait until its reply has ended; whether it came whole."""
+        before = self.chat.current
+        await self.send(prompt)
+        while self.chat.current is before and self.pending is not None:  # waiting for the engine
+            await asyncio.sleep(0.05)
+        if self.chat.current is before:  # refused, or withdrawn while waiting
             return False
-        self.applied = [c.path for c in changes]
-        return True
+        reply = self.chat.current[1]
+        while not reply.ended:
+            await asyncio.sleep(0.05)
+        return reply.status == COMPLETE
+
+    def tests_passed(self, run: CommandRun, fixed: bool) -> None:
+        self.say("tests pass" + (" after the fix" if fixed else ""))
+
+    def tests_failed(self, run: CommandRun, summary: str) -> None:
+        if not self.fixing:
+            self.notify("tests fail: /fix sends the failure summary and asks for a fix (/fix 3: up to 3 rounds of fix, apply, test)", severity="warning", timeout=15)
+
+    @property
+    def fixing(self) -> bool:
+        """A /fix loop (or its one request) is running."""
+        return any(w.group == "fix" and not w.is_finished for w in self.app.workers if w.node is self)
+
+    def stop_fixing(self) -> None:
+        self.workers.cancel_group(self, "fix")
 
     # ---- commands and tests -------------------------------------------------------------
 
@@ -137,25 +173,8 @@ class ChatCommands(SessionCommands):
             raise UserError("/run needs a command, e.g. /run ls -l")
         self.run_command(arg, tests=False)
 
-    async def do_test(self, arg: str) -> None:
-        command, source = project_tests.resolve_test_command(arg, self.session.profile.test_command, Path.cwd())
-        if source is not None and not project.approved(source, command):
-            self.run_worker(self._approve_and_test(command, source))
-            return
-        self.run_command(command, tests=True)
-
-    async def _approve_and_test(self, command: str, source: Path) -> None:
-        """A test command that came with the project runs once the user has seen it and said yes."""
-        if not await self.app.push_screen_wait(Confirm(project.approval_question(source, command))):
-            return self.say(f"nothing run; /test COMMAND runs a command you type, or edit {source.name}")
-        try:
-            project.approve(source, command)
-        except OSError as exc:
-            self.error(f"could not remember the approval ({exc.strerror or exc}); it will be asked again")
-        self.run_command(command, tests=True)
-
     @work(group="command", exclusive=True)
-    async def run_command(self, command: str, tests: bool) -> None:
+    async def run_command(self, command: str, tests: bool) -> CommandRun:
         run = self.running = CommandRun(command)
         block = CommandOutput(run)
         try:  # from the mount on: a stop while it mounts must still clear `running`
@@ -170,66 +189,14 @@ class ChatCommands(SessionCommands):
             if self.running is run:  # not the newer command's
                 self.running = None
         self.last_run = run
-        if run.escaped and await self.app.push_screen_wait(Confirm(run.stop_question(), "y stops them · n, Enter or Escape: they keep running")):
-            self.say(await asyncio.to_thread(run.stop_escaped))
         if not tests:
             block.finish()
-            return
-        if run.exit_code == 0:
+        elif run.exit_code == 0:
             block.finish("tests pass")
-            self.say("tests pass" + (" after the fix" if self.last_failure else ""))
-            self.last_failure = None
-            self.stop_fixing()  # rounds left over must not turn the next /fix into a loop
-            return
-        self.last_failure = (command, project_tests.failure_summary(run.output))
-        block.finish("/fix asks for a fix · Ctrl+O adds the output")
-        if self.fixing and run.ended_by == "stopped":
-            self.stop_fixing()
-            self.say("the fix loop stopped with the tests")
-        elif self.fixing and self.fix_rounds_left > 0:
-            await self.do_fix("")
-        elif self.fixing:
-            self.stop_fixing()
-            self.notify("the tests still fail after the rounds asked for; the changes stay (/undo restores them one by one)", severity="warning", timeout=15)
         else:
-            self.notify("tests fail: /fix sends the failure summary and asks for a fix (/fix 3: up to 3 rounds of fix, apply, test)", severity="warning", timeout=15)
-
-    async def do_fix(self, arg: str) -> None:
-        if self.last_failure is None:
-            raise UserError("no failing /test to fix; run /test first")
-        if arg:
-            self.fix_rounds_left = project_tests.fix_rounds(arg)
-        self.fixing = self.fix_rounds_left > 0
-        if self.fixing:
-            self.fix_rounds_left -= 1
-        command, summary = self.last_failure
-        await self.send(project_tests.fix_request(command, summary, project_tests.fix_files(self.applied, summary, Path.cwd())))
-
-    def reply_ended(self, event) -> None:
-        """The fix loop: apply the reply's code where the last /apply wrote, then test again."""
-        if not self.fixing:
-            return
-        if event.how != "complete":
-            self.stop_fixing()
-            return
-        self.run_worker(self._apply_fix_and_test())
-
-    def stop_fixing(self) -> None:
-        self.fixing, self.fix_rounds_left = False, 0
-
-    async def _apply_fix_and_test(self) -> None:
-        blocks = self.chat.replies()[-1].code_blocks()
-        try:
-            changes = project_tests.plan_fix([(b.language, b.code) for b in blocks], self.applied, Path.cwd())
-        except UserError as exc:
-            self.stop_fixing()
-            return self.error(str(exc))
-        for warning in {b.warning for b in blocks if b.warning}:
-            self.notify(warning, severity="warning", timeout=15)
-        if self.write_changes(changes):
-            self.run_command(self.last_failure[0], tests=True)
-        else:
-            self.stop_fixing()
+            block.finish("/fix asks for a fix · Ctrl+O adds the output")
+        await self.offer_to_stop(run)
+        return run
 
     async def do_add(self, arg: str) -> None:
         self.action_add_output()
