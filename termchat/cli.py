@@ -211,6 +211,8 @@ def cmd_ask(args) -> int:
     if recorder.error:
         print(f"termchat: {inert(str(recorder.error))}", file=sys.stderr)
     stats = outcome.stats
+    if outcome.looped:
+        print("termchat: the reply was repeating itself and was stopped (stored as cut); ask again, or set repetition_penalty 1.2", file=sys.stderr)
     if args.json:
         result = {"text": outcome.text, "profile": profile.name, "temperature_reason": choice.reason, "conversation_id": recorder.conversation_id, **stats.to_dict()}
         print(json.dumps(result, ensure_ascii=False))

@@ -196,6 +196,9 @@ class Repl(SessionCommands, CodingCommands):
             else:
                 self.say("✂ cut: the partial reply is kept")
         else:
+            if outcome.looped:
+                self.session.after_loop()
+                self.say("⟳ stopped: the reply was repeating itself (kept, marked as cut); your next prompt gets a stronger guard against repeats")
             self.say(outcome.stats.summary())
         if recorder.error:
             self.say(str(recorder.error))

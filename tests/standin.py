@@ -53,6 +53,7 @@ SCENARIOS = {
     "no-done": [chunk("Hel"), chunk("lo")],
     "silent": None,  # accepts the request and never answers
     "pings": [": ping\n\n"] * 250,  # SSE comments only, for 5 s: alive, but no answer
+    "loop": [chunk("Two good lines of a poem about the sea.\n")] + [chunk("Aeon, aeon, aeon of moon, ")] * 200 + ["data: [DONE]\n\n"],
     "text-only": [text_chunk("Hel"), text_chunk("lo"), text_chunk(" there"), text_chunk("."), "data: [DONE]\n\n"],
     "long-line": [chunk("Hel"), b"data: " + b"x" * (30 * 1024 * 1024)],  # 30 MB and no line end
     "separators": [raw_chunk(SEPARATED[0]), _second[:_cut], _second[_cut : _cr + 1], _second[_cr + 1 :], raw_chunk(SEPARATED[2]), b"data: [DONE]\r\r"],
@@ -185,8 +186,9 @@ class SlowEndpoint:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
-                # paragraphs of 12 steps: the Markdown stream re-parses the last block per step
-                pieces = [f" {WORDS[i % len(WORDS)]}" + ("\n\n" if i % 12 == 11 else "") for i in range(steps)]
+                # paragraphs of 12 steps: the Markdown stream re-parses the last block per step;
+                # each word numbered, so that no reply is a loop to chat/loops.py
+                pieces = [f" {WORDS[i % len(WORDS)]}{i}" + ("\n\n" if i % 12 == 11 else "") for i in range(steps)]
                 if code:
                     pieces[steps // 2] += "\n\n```python\nprint('monkey')\n```\n\n"
                 try:

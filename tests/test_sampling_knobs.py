@@ -83,3 +83,52 @@ def test_text_prompts_get_the_loop_guard_and_code_prompts_none(tmp_path):
             assert cli.main(["ask", "--config", str(config), "--profile", "standin", prompt]) == 0
     poem_body, code_body = standin.requests
     assert poem_body["frequency_penalty"] == 0.5 and "frequency_penalty" not in code_body
+
+
+def test_the_loop_watch_stops_a_repeating_reply_and_not_a_normal_one():
+    from termchat.chat.loops import MIN_WORDS, LoopWatch, loops
+
+    watch = LoopWatch()
+    fed = 0
+    while not watch.feed("Aeon, aeon, aeon of moon, "):
+        fed += 1
+    assert MIN_WORDS <= len(watch.text.split()) < MIN_WORDS + 5  # stopped as soon as it may judge
+    prose = ("The sea at night is quiet. Far out, a lighthouse turns its slow beam across the water, "
+             "and the boats come home one by one. On the shore a child counts the stars, loses count, "
+             "and starts again; her father mends a net by lamplight and hums an old song about the tide. ") * 1
+    watch = LoopWatch()
+    assert not any(watch.feed(word + " ") for word in prose.split()) and not loops(prose)
+    assert loops("a b c d e f " * 4) and not loops("one two three")
+
+
+async def test_a_looping_reply_is_stopped_stored_as_cut_and_ctrl_r_asks_with_a_stronger_guard(tmp_path):
+    from termchat.chat.store import Store
+    from termchat.profiles import parse_config
+    from termchat.ui.app import TermchatApp
+    from termchat.ui.widgets.message import MessageView
+
+    from .conftest import wait_for
+    from .standin import StandIn
+
+    with StandIn("loop") as standin:
+        config, _ = parse_config(f'[profiles.standin]\nendpoint = "{standin.url}"\ntext_frequency_penalty = 0.5\n', "standin.toml")
+        app = TermchatApp(config=config, profile="standin", resume=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.5)
+            area = app.query_one("PromptArea")
+            area.text = "Write a short poem about the sea at night."
+            area.focus()
+            await pilot.press("enter")
+            replies = lambda: [v for v in app.query(MessageView) if v.role == "assistant"]  # noqa: E731
+            await wait_for(pilot, lambda: replies() and replies()[-1].cut and not app.query_one("StatusBar").info.live, timeout=20, what="the stop")
+            view = replies()[-1]
+            assert "repeating itself" in str(view.query_one(".footer").render())
+            assert view.text.count("aeon of moon") < 30  # stopped long before the 200 the server would send
+            store = Store()
+            assert store.messages(store.latest().id)[-1].status == "cut"
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: len(standin.requests) == 2, timeout=20, what="the regeneration")
+            await wait_for(pilot, lambda: replies() and replies()[-1].cut, timeout=20, what="the second stop")
+    first, second = standin.requests
+    assert first["frequency_penalty"] == 0.5 and "repetition_penalty" not in first
+    assert second["repetition_penalty"] == 1.2 and second["frequency_penalty"] == 0.5

@@ -35,9 +35,9 @@ import re
 import statistics
 import sys
 import time
-from collections import Counter
 
 from termchat.bench.prompt_sets import builtin
+from termchat.chat.loops import loops
 from termchat.detect.classify import temperature_for
 from termchat.engine.client import Sampling, complete
 from termchat.engine.connect import open_engine
@@ -71,14 +71,6 @@ def distinct_2(text: str) -> float:
 def repeated_lines(text: str) -> float:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return (len(lines) - len(set(lines))) / len(lines) if lines else 0.0
-
-
-def loops(text: str) -> bool:
-    """One 4-word sequence is more than 25% of the words, or one 6-word sequence occurs 4 times."""
-    words = text.split()
-    four = Counter(zip(*(words[i:] for i in range(4))))
-    six = Counter(zip(*(words[i:] for i in range(6))))
-    return bool(four and max(four.values()) * 4 > 0.25 * len(words)) or bool(six and max(six.values()) >= 4)
 
 
 def parses(text: str) -> bool | None:

@@ -21,6 +21,9 @@ def parse_temperature(text: str) -> float:
     return value
 
 
+GUARD_NAMES = {"frequency_penalty": "freq", "presence_penalty": "pres", "repetition_penalty": "rep"}
+
+
 @dataclass(frozen=True)
 class TemperatureChoice:
     value: float
@@ -30,7 +33,7 @@ class TemperatureChoice:
     guard: tuple[tuple[str, float], ...] = ()  # the loop guard a text prompt gets (Profile.guard)
 
     def label(self) -> str:
-        guard = "".join(f", {key.split('_')[0][:4]} {value:g}" for key, value in self.guard)
+        guard = "".join(f", {GUARD_NAMES.get(key, key)} {value:g}" for key, value in self.guard)
         return f"T={self.value:g}{guard}" + (" ↓code" if self.lowered else "") + f" ({self.reason})"
 
 

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from termchat.chat.conversation import Conversation, TemperatureChoice
+from termchat.chat.loops import LoopWatch
 from termchat.chat.store import COMPLETE, CUT, INTERRUPTED, STREAMING, Store, StoreError, transient
 from termchat.engine.client import ChatStream, Sampling
 from termchat.engine.endpoint import Engine
@@ -76,6 +77,10 @@ class Outcome:
     text: str
     stats: ReplyStats | None
     status: str
+    looped: bool = False  # ended because it repeated itself (chat/loops.py): stored as cut
+
+
+LOOPED = "⟳ stopped: the reply was repeating itself (kept, marked as cut); Ctrl+R regenerates it with a stronger guard against repeats"
 
 
 @dataclass
@@ -114,23 +119,35 @@ class Reply:
     async def stream(self, engine: Engine, profile: Profile, on_step: Callable[[Step], Awaitable[None] | None], max_tokens: int | None = None, seed: int | None = None) -> Outcome:
         """Send the request, stream, store, end. Raises CancelledError (reply
         cut) and ReplyInterrupted (engine gone) after ending the reply."""
-        knobs = profile.sampling(self.knobs, self.choice.kind)
+        knobs = profile.sampling(self.knobs)
+        for key, value in self.choice.guard:  # the loop guard chosen with the temperature
+            if knobs.get(key) is None:
+                knobs[key] = value
         knobs["max_tokens"] = max_tokens or knobs["max_tokens"]
         knobs["seed"] = seed if seed is not None else knobs["seed"]
         sampling = Sampling(temperature=self.choice.value, **knobs)
         stream = ChatStream(engine, self.request, sampling)
+        watch = LoopWatch()
+        steps = aiter(stream)
         try:
-            async for step in stream:
+            async for step in steps:
                 self.writer.append(step.text)
                 result = on_step(step)
                 if asyncio.iscoroutine(result):
                     await result
+                if watch.feed(step.text):  # closing the stream makes the server abort the request
+                    break
         except (asyncio.CancelledError, KeyboardInterrupt):
             self.end(CUT, stream.live_stats(CUT) if stream.steps else None)
             raise
         except BaseException:  # ReplyInterrupted (engine gone) and anything else
             self.end(INTERRUPTED, stream.live_stats(INTERRUPTED) if stream.steps else None)
             raise
+        if watch.looping:
+            await steps.aclose()  # the connection closes now, and the server stops generating
+            stats = stream.live_stats(CUT)
+            self.end(CUT, stats)
+            return Outcome(stream.text, stats, CUT, looped=True)
         self.end(COMPLETE, stream.stats)
         return Outcome(stream.text, stream.stats, COMPLETE)
 

@@ -35,6 +35,7 @@ from termchat.coding.attach import fenced_file
 from termchat.chat.conversation import Conversation, TemperatureChoice, parse_temperature
 from termchat.errors import UserError
 from termchat.sanitize import valid
+from termchat.chat.loops import STRONGER
 from termchat.chat.reply import Recorder, Reply
 from termchat.profiles import SESSION_KEYS, Config, Profile, check_session_key, parse_session_value
 from termchat.chat.store import Message, Store, StoreError
@@ -49,6 +50,7 @@ class ChatSession:
         self.conversation = Conversation()
         self.recorder: Recorder | None = None  # None: the next prompt starts a stored conversation
         self.knobs: dict = {}  # `/set KEY VALUE`: sampling values over any profile's, for this session
+        self.stronger_guard = False  # the next prompt after a looping reply (chat/loops.py)
         topic_probe.warm_in_background()  # the code detector's model part, ready by the first prompt
 
     def open_store(self) -> str | None:
@@ -76,9 +78,16 @@ class ChatSession:
         """The prompt as it is sent (with attachments) and its temperature."""
         text = self.conversation.with_attachments(valid(text)[0])
         choice = self.conversation.choose_temperature(text, self.profile)
-        if any(key in self.knobs for key, _ in choice.guard):  # `/set` wins over the text guard
+        if self.stronger_guard:  # the reply before looped: this one (a regeneration, say) gets more
+            self.stronger_guard = False
+            choice = replace(choice, guard=(*choice.guard, *STRONGER))
+        if any(key in self.knobs for key, _ in choice.guard):  # `/set` wins over the guard
             choice = replace(choice, guard=tuple((k, v) for k, v in choice.guard if k not in self.knobs))
         return text, choice
+
+    def after_loop(self) -> None:
+        """A reply was stopped for repeating itself: the next prompt gets the stronger guard."""
+        self.stronger_guard = True
 
     # ---- what the shared slash commands do ---------------------------------------------
 

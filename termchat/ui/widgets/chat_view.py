@@ -26,7 +26,7 @@ from termchat.engine.client import ReplyInterrupted
 from termchat.engine.endpoint import Engine
 from termchat.engine.stats import ReplyStats, Step
 from termchat.errors import UserError
-from termchat.chat.reply import Reply
+from termchat.chat.reply import LOOPED, Reply
 from termchat.profiles import Profile
 from termchat.sanitize import inert
 from termchat.chat.session import ChatSession
@@ -257,6 +257,12 @@ class ChatView(VerticalScroll):
             await view.finish(None, f"✗ {exc}", "failed")
             return
         self._link(view, turn)
+        if outcome.looped:  # stopped by the loop watch: kept, marked and stored as cut
+            self.session.after_loop()
+            view.cut = True
+            tell("cut", outcome.stats)
+            await view.finish(outcome.stats, LOOPED, "cut")
+            return
         # told before the view is drawn: a cut landing in that await (a settle) must not
         # leave the status bar live with nothing running (the monkey, seed 40080)
         tell("complete", outcome.stats)
