@@ -38,6 +38,9 @@ def machine() -> dict:
     from termchat.engine import proc
 
     info["cpu"] = proc.cpu_model()
+    flags = proc.cpu_flags()
+    info["isa"] = [flag for flag in proc.ISA_FLAGS if flag in flags]
+    info["caches"] = proc.cache_sizes()
     if total := proc.meminfo("MemTotal"):
         info["ram_gib"] = round(total / 1024**3, 1)
     from termchat.profiles.advisor import gpus
@@ -55,6 +58,14 @@ def machine() -> dict:
     except ImportError:
         pass
     return info
+
+
+def machine_line(bandwidth: float | None = None) -> str:
+    """What every benchmark prints first: figures differ between machines of one kind."""
+    info = machine()
+    caches = " ".join(f"{k} {v}" for k, v in info["caches"].items()) or "?"
+    line = f"machine: {info['cpu']}, {info['cores']} cores, ISA {' '.join(info['isa']) or 'no AVX2'}, caches {caches}, {info.get('ram_gib', '?')} GiB RAM, {info.get('vllm', 'vLLM ?')}"
+    return line + (f", memory bandwidth {bandwidth / 1e9:.1f} GB/s (measured now)" if bandwidth else "")
 
 
 def draft_cost(profile: Profile, override: float | None) -> float:
@@ -141,6 +152,7 @@ def cmd_bench(args) -> int:
     chart = report.bar_chart(rows)
     lossless = report.lossless_line(rows)
     print(header)
+    print(machine_line())
     print("decode tokens/s = output tokens after the first / time after the first (prefill excluded); median [25th-75th percentile]")
     print(table)
     print()
@@ -167,7 +179,7 @@ def cmd_bench(args) -> int:
         md = [
             f"### termchat bench: {', '.join(f'`{p.name}`' for p in profiles)}",
             "",
-            f"Machine: {info.get('cpu', '?')}, {info.get('cores')} cores, {info.get('ram_gib', '?')} GiB RAM, GPUs: {info['gpus']}, {info.get('vllm', 'vLLM ?')}.",
+            f"Machine: {info.get('cpu', '?')}, {info.get('cores')} cores, ISA {' '.join(info['isa']) or 'no AVX2'}, caches {' '.join(f'{k} {v}' for k, v in info['caches'].items())}, {info.get('ram_gib', '?')} GiB RAM, GPUs: {info['gpus']}, {info.get('vllm', 'vLLM ?')}.",
             "",
             header.removeprefix("termchat bench: ") + ".",
             "",

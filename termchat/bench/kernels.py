@@ -138,9 +138,9 @@ def main() -> None:
     bandwidth = read_bandwidth()
     print(f"memory: {bandwidth / 1e9:.1f} GB/s (the best of ten sums of 256 MiB); {torch.get_num_threads()} threads; "
           f"vLLM's int4 kernel in this build: {hasattr(torch.ops._C, 'cpu_gemm_wna16')}; ATen's CPU dispatch: {torch.backends.cpu.get_cpu_capability()}")
-    from termchat.bench.command import machine
+    from termchat.bench.command import machine_line
 
-    print(f"machine: {machine().get('cpu')}, {machine().get('cores')} cores")
+    print(machine_line())
     print(f"{'format':8} {'layers ms':>10} {'+ output':>9} {'MB/step':>8} {'GB/s':>6} {'max error':>10}")
     layer_params = sum(w.numel() for layer in weights for w in layer)
     # bytes per weight: int4 plus a float scale per 32 (vLLM's), a scale and a zero per 32 (torch's)

@@ -123,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     print("llama.cpp ...", file=sys.stderr, flush=True)
     columns["llama.cpp Q4_1"] = llama_cpp_speeds(prompts, args.max_tokens)
     categories = list(dict.fromkeys(p.category for p in prompts))
-    print(f"\ndecode tokens/s, T=0, {args.max_tokens} tokens, {args.per_category} prompts per category (median), one run on this machine\n")
+    from termchat.bench.command import machine_line
+    from termchat.bench.roofline import read_bandwidth
+
+    print("\n" + machine_line(read_bandwidth()))
+    print(f"decode tokens/s, T=0, {args.max_tokens} tokens, {args.per_category} prompts per category (median), one run on this machine\n")
     print("| category | " + " | ".join(columns) + f" | {names[0]} / llama.cpp |")
     print("|---" * (len(columns) + 2) + "|")
     for category in categories:

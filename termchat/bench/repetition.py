@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: done ({time.monotonic() - started:.0f} s)", file=sys.stderr)
     finally:
         engine.stop()
-    from termchat.bench.command import machine
+    from termchat.bench.command import machine_line
 
-    print(f"machine: {machine().get('cpu')}, {machine().get('cores')} cores")
+    print(machine_line())
     print(f"{len(prompts)} {'everyday' if args.everyday else 'built-in'} prompts, {args.seeds} reply(ies) each per setting, up to {args.max_tokens} tokens, T = 0 for code and {profile.temperature:g} otherwise, profile {profile.name}\n")
     print("| setting | distinct-2 | repeated lines | looping | loops (4-gram > 25% or 6-gram x4) | code that parses | distinct-2 by category |")
     print("|---|---|---|---|---|---|---|")

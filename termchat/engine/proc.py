@@ -1,5 +1,5 @@
-"""Everything termchat reads of /proc: one module, the standard library only
-(the engine process imports it for its watchdog).
+"""Everything termchat reads of /proc (and /sys, of the CPU): one module, the
+standard library only (the engine process imports it for its watchdog).
 
 A pid alone does not name a process (pids are recycled); a pid with its start
 time (`started_at`) does, and that pair is what leases and state files record.
@@ -113,6 +113,32 @@ def cpu_model() -> str:
     except OSError:
         pass
     return "unknown CPU"
+
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")  # what decides the CPU kernels
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in (PROC / "cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cache_sizes() -> dict[str, str]:
+    """The first CPU's caches: {"L1d": "32K", "L2": "512K", "L3": "32768K"} (from /sys)."""
+    found = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind != "Instruction":
+            found[f"L{level}" + ("d" if kind == "Data" else "")] = size
+    return found
 
 
 def owner(pid: int) -> int | None:
