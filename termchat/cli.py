@@ -138,7 +138,7 @@ def cmd_ask(args) -> int:
     from termchat.chat.session import ChatSession
     from termchat.chat.store import Store, StoreError
     from termchat.engine.connect import open_engine
-    from termchat.engine.endpoint import plain_http_warning
+    from termchat.profiles.advisor import plain_http_warning
 
     config = _config(args)
     profile = config.get(args.profile)

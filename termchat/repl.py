@@ -31,7 +31,7 @@ from termchat import paths
 from termchat.slash import SessionCommands, dispatch, help_text
 from termchat.engine.client import ReplyInterrupted
 from termchat.engine.controller import EngineController
-from termchat.engine.endpoint import plain_http_warning
+from termchat.profiles.advisor import plain_http_warning
 from termchat.errors import UserError
 from termchat.profiles import Config
 from termchat.coding.reply_code import CodeBlock, code_blocks

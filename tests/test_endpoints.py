@@ -17,7 +17,8 @@ import time
 import pytest
 
 from termchat import cli
-from termchat.engine.endpoint import Engine, plain_http_warning
+from termchat.engine.endpoint import Engine
+from termchat.profiles.advisor import plain_http_warning
 from termchat.profiles import Profile, parse_config
 from termchat.chat.store import Store
 from termchat.ui.app import TermchatApp

@@ -10,18 +10,16 @@ on this machine are `process.ManagedEngine`.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
-from urllib.parse import urlsplit
 
 import httpx
 
 from termchat.errors import UserError
-from termchat.profiles import Profile
+from termchat.profiles import Profile, is_loopback
 from termchat.sanitize import one_line
 
 T = TypeVar("T")
@@ -44,22 +42,6 @@ class EngineState(StrEnum):
     FAILED = "failed"
 
 
-def is_loopback(url: str) -> bool:
-    """Is this URL on this machine (127.0.0.0/8, ::1, localhost)?"""
-    host = urlsplit(url).hostname or ""
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def plain_http_warning(profile: Profile) -> str | None:
-    """A remote endpoint that would get the API key in clear text."""
-    if profile.endpoint and profile.api_key_env and urlsplit(profile.endpoint).scheme == "http" and not is_loopback(profile.endpoint):
-        return f"profile '{profile.name}' sends its API key (${profile.api_key_env}) over plain http:// to {urlsplit(profile.endpoint).hostname}: anyone on the network path can read it; use https://"
-    return None
 
 
 @dataclass

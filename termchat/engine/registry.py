@@ -22,9 +22,9 @@ from pathlib import Path
 
 from termchat.engine import proc, state
 from termchat.engine.command import SERVER_MODULE, server_command
-from termchat.engine.endpoint import EngineState, is_loopback
+from termchat.engine.endpoint import EngineState
+from termchat.profiles import Profile, is_loopback
 from termchat.engine.process import ManagedEngine
-from termchat.profiles import Profile
 
 
 def is_our_engine(record: state.EngineRecord) -> bool:

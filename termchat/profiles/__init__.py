@@ -13,6 +13,7 @@ The vLLM 0.8 spelling (`speculative_model`, `num_speculative_tokens`,
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 import sys
@@ -21,6 +22,7 @@ import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -231,6 +233,17 @@ def _cpu_engine() -> dict:
         engine_args={"distributed_executor_backend": "uni"},
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TERMCHAT_FORK_ENGINE_CORE": "1"},
     )
+
+
+def is_loopback(url: str) -> bool:
+    """Is this URL on this machine (127.0.0.0/8, ::1, localhost)?"""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def builtin_profiles() -> dict[str, Profile]:

@@ -15,9 +15,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from termchat import models
-from termchat.profiles import Profile
+from termchat.profiles import Profile, is_loopback
 from termchat.profiles.speculation import ADAPTIVE_METHODS
 
 GIB = 1024**3
@@ -30,6 +31,13 @@ ACCEPTANCE_LOW, ACCEPTANCE_HIGH = 0.40, 0.60
 # many tokens as they trust, so their acceptance rate is not comparable with a
 # fixed-k rate. What holds for every method: tokens gained per verification
 # step against what a step costs, measured on this engine (the bench does).
+
+
+def plain_http_warning(profile: Profile) -> str | None:
+    """A remote endpoint that would get the API key in clear text."""
+    if profile.endpoint and profile.api_key_env and urlsplit(profile.endpoint).scheme == "http" and not is_loopback(profile.endpoint):
+        return f"profile '{profile.name}' sends its API key (${profile.api_key_env}) over plain http:// to {urlsplit(profile.endpoint).hostname}: anyone on the network path can read it; use https://"
+    return None
 
 
 def band(method: str | None, acceptance: float | None, tokens_per_step: float | None = None, step_cost: float | None = None) -> tuple[str | None, str]:
@@ -166,8 +174,6 @@ def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
     # hardware and memory (case 1)
     if profile.is_remote:
         findings.append(Finding("info", "hardware", f"remote endpoint {profile.endpoint}: its memory is the server's business; nothing runs here"))
-        from termchat.engine.endpoint import plain_http_warning
-
         if plain_http_warning(profile):
             findings.append(Finding("warning", "security", plain_http_warning(profile)))
     elif not gpu_list and cpu:
