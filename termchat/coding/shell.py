@@ -57,17 +57,6 @@ def fold(text: str, column: int) -> tuple[str, int]:
     return "".join(out), column
 
 
-def group_alive(pgid: int) -> bool:
-    """Does a process of this group still run (`cmd &` inside it: Escape stops it)?"""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def holders(process: asyncio.subprocess.Process) -> list[int]:
     """Other processes holding the command's output pipe, from /proc on Linux
     ([] elsewhere): what `setsid cmd &` leaves behind."""
@@ -136,7 +125,7 @@ class CommandRun:
                 elif loop.time() >= deadline:
                     self.stop("time limit")
                     break
-                elif had_exited and not group_alive(self._process.pid):
+                elif had_exited and not proc.group_alive(self._process.pid):
                     break  # exited, yet the pipe stays open: held by what left its group (reported)
         except BaseException:  # the reader was cancelled: the command goes too
             self.stop()

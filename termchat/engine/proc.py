@@ -178,10 +178,19 @@ def pipe_holders(inode: int, skip_pgid: int) -> list[int]:
 
 
 def pid_alive(pid: int) -> bool:
+    return _signal_reaches(os.kill, pid)
+
+
+def group_alive(pgid: int) -> bool:
+    """Does a process of this group still run?"""
+    return _signal_reaches(os.killpg, pgid)
+
+
+def _signal_reaches(send, target: int) -> bool:
     try:
-        os.kill(pid, 0)
+        send(target, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # it runs, as another user
         return True
     return True
