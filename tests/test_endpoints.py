@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import asyncio
 import json
 import time
 
@@ -213,3 +214,46 @@ def test_a_prompt_that_is_not_utf8_is_sent_with_replacement_and_a_notice(how, tm
     assert standin.requests[0]["messages"][-1]["content"].strip() == "caf\ufffd ole"
     store = Store()
     assert store.messages(store.latest().id)[0].content.strip() == "caf\ufffd ole"
+
+
+async def test_the_tui_the_repl_and_ask_start_a_reply_through_the_same_code(tmp_path, monkeypatch, capsys):
+    """One way to start a reply (chat/reply.py): each front-end's reply is a
+    Reply begun by ChatSession.begin_reply and streamed by Reply.stream."""
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    from termchat.chat.reply import Reply
+    from termchat.chat.session import ChatSession
+    from termchat.repl import Repl
+
+    from .conftest import wait_for
+
+    begun, streamed = [], []
+    begin, stream = ChatSession.begin_reply, Reply.stream
+
+    def counting_begin(self, prompt, choice):
+        begun.append(prompt)
+        return begin(self, prompt, choice)
+
+    async def counting_stream(self, *args, **kwargs):
+        streamed.append(self.request[-1]["content"])
+        return await stream(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChatSession, "begin_reply", counting_begin)
+    monkeypatch.setattr(Reply, "stream", counting_stream)
+    with StandIn("ok") as standin:
+        config_path = config_for(tmp_path, standin.url)
+        assert await asyncio.to_thread(cli.main, ["ask", "--config", config_path, "--profile", "standin", "from ask"]) == 0
+        config, _ = parse_config(f'[profiles.standin]\nendpoint = "{standin.url}"\n', "standin.toml")
+        with create_pipe_input() as pipe:
+            repl = Repl(config, "standin", input=pipe, output=DummyOutput(), write=lambda text: None, history_file=tmp_path / "h", color=False)
+            assert await repl.send("from the repl")
+        app = TermchatApp(config=config, profile="standin", resume=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.5)
+            area = app.query_one("PromptArea")
+            area.text = "from the tui"
+            area.focus()
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: len(standin.requests) == 3 and not app.query_one("StatusBar").info.live, timeout=20, what="the reply")
+    assert begun == streamed == ["from ask", "from the repl", "from the tui"]
