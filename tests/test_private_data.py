@@ -114,7 +114,12 @@ def test_file_refuses_a_file_over_the_limit_and_reads_a_small_one(tmp_path):
         fenced_file(str(big))
     small = tmp_path / "ok.py"
     small.write_text("print('hi')\n")
-    assert "```python\nprint('hi')\n```" in fenced_file(str(small))
+    block, notice = fenced_file(str(small))
+    assert "```python\nprint('hi')\n```" in block and notice == ""
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9\n")  # not UTF-8: attached with U+FFFD, and said so
+    block, notice = fenced_file(str(latin))
+    assert "caf\ufffd" in block and "not valid UTF-8" in notice
 
 
 # ---- the store under contention ------------------------------------------------------------
