@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", help=f"comma-separated, of: {'; '.join(SETTINGS)} (default: all)")
     parser.add_argument("--everyday", action="store_true", help="six everyday text prompts instead of the bench's")
     parser.add_argument("--seeds", type=int, default=1, help="replies per prompt and setting, each with its own seed")
+    parser.add_argument("--show-loops", action="store_true", help="print the start and end of every reply counted as a loop (to judge false alarms)")
     args = parser.parse_args(argv)
     names = args.settings.split(",") if args.settings else list(SETTINGS)
     unknown = [name for name in names if name not in SETTINGS]
@@ -150,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         by = " ".join(f"{c} {statistics.fmean(distinct_2(t) for cat, t, _ in rows if cat == c):.2f}" for c in by_category)
         looped = sum(loops(text) for _, text, _ in rows)
         print(f"| {name} | {d2:.3f} | {rep:.1%} | {looping}/{len(rows)} | {looped}/{len(rows)} | {sum(code)}/{len(code)} | {by} |")
+    if args.show_loops:
+        for name, rows in results.items():
+            for category, text, finish in rows:
+                if loops(text):
+                    flat = " ".join(text.split())
+                    print(f"\n[{name}, {category}, {finish}] {flat[:160]!r} ... {flat[-160:]!r}")
     print(f"\n({time.monotonic() - started:.0f} s)")
     return 0
 
