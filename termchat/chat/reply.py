@@ -23,6 +23,7 @@ request is sent, and a reply that does not finish is flagged `cut` or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -135,21 +136,31 @@ class Reply:
                 result = on_step(step)
                 if asyncio.iscoroutine(result):
                     await result
-                if watch.feed(step.text):  # closing the stream makes the server abort the request
+                if watch.feed(step.text):
                     break
         except (asyncio.CancelledError, KeyboardInterrupt):
-            self.end(CUT, stream.live_stats(CUT) if stream.steps else None)
+            self.end(CUT, stream.live_stats(CUT) if stream.steps else None)  # ended before anything is awaited
+            await _close(steps)
             raise
         except BaseException:  # ReplyInterrupted (engine gone) and anything else
             self.end(INTERRUPTED, stream.live_stats(INTERRUPTED) if stream.steps else None)
+            await _close(steps)
             raise
+        await _close(steps)  # a loop stopped: the connection closes now, and the server aborts the request
         if watch.looping:
-            await steps.aclose()  # the connection closes now, and the server stops generating
             stats = stream.live_stats(CUT)
             self.end(CUT, stats)
             return Outcome(stream.text, stats, CUT, looped=True)
         self.end(COMPLETE, stream.stats)
         return Outcome(stream.text, stream.stats, COMPLETE)
+
+
+async def _close(steps) -> None:
+    """Close a reply's stream where it stands (not when the generator is
+    collected, which printed asyncgen errors); a failure to close is not the
+    reply's error."""
+    with contextlib.suppress(Exception):
+        await steps.aclose()
 
 
 class ReplyWriter:
