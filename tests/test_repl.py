@@ -30,7 +30,7 @@ async def test_repl_answers_a_prompt_and_keeps_history_between_runs(shared_engin
     history = tmp_path / "history"
     text, repl = await run_repl("Name three colours.\r/temp 0\rWrite a Python function add.\r\x04", history)
     assert "ready" in text
-    assert "[T=0.7 (text prompt)]" in text and "[T=0 (set with /temp)]" in text
+    assert "[T=0.7, freq 0.5 (text prompt)]" in text and "[T=0 (set with /temp)]" in text  # the text guard is shown
     assert text.count("tok/s") == 2 and "acceptance" in text
     stored = Store().messages(repl.session.conversation_id)
     assert [m.role for m in stored] == ["user", "assistant", "user", "assistant"]
