@@ -312,6 +312,9 @@ def test_a_recycled_pid_that_looks_like_an_engine_is_neither_waited_on_nor_signa
         path = registry.state_file(profile.name)
         record = state.EngineRecord("http://127.0.0.1:9/v1", "k", other.pid, "1", profile.model, "/l", fingerprint=registry.fingerprint(profile), keep_alive=60.0)
         state.write_record(path, record)
+        deadline = time.monotonic() + 10
+        while SERVER_MODULE.encode() not in proc.cmdline(other.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the child has exec'd (its cmdline is empty before)
         assert SERVER_MODULE.encode() in proc.cmdline(other.pid)
         assert registry.find_served(profile, lease=True) is None
         assert not path.exists()
