@@ -50,10 +50,3 @@ def parse_real(text: str, low: float | None = None, high: float | None = None) -
     except (ValueError, AttributeError):
         return None
     return real(number, low, high)
-
-
-def parse_count(text: str, high: int = MAX_COUNT) -> int | None:
-    try:
-        return count(float(text.strip()), high)
-    except (ValueError, AttributeError, OverflowError):
-        return None

@@ -263,7 +263,7 @@ class Repl(SessionCommands, CodingCommands):
     def last_reply_blocks(self) -> list[CodeBlock]:
         return code_blocks(self.session.conversation.messages[-1]["content"])
 
-    async def start(self, flow) -> None:
+    async def start(self, flow, loop: bool = False) -> None:
         await flow  # in the foreground: nothing else can be typed meanwhile
 
     async def confirm(self, question: str, keys: str) -> bool:

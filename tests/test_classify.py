@@ -253,6 +253,7 @@ async def test_the_tui_runs_the_detector_off_its_event_loop(tmp_path, monkeypatc
     from termchat.ui.app import TermchatApp
 
     from .conftest import wait_for
+    from .test_tui_coding import command
     from .standin import StandIn
 
     threads = []
@@ -263,9 +264,6 @@ async def test_the_tui_runs_the_detector_off_its_event_loop(tmp_path, monkeypatc
         app = TermchatApp(config=config, profile="standin", resume=False)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause(0.5)
-            area = app.query_one("PromptArea")
-            area.text = "the sea at night " * 60_000  # a 1 MB paste
-            area.focus()
-            await pilot.press("enter")
+            await command(pilot, "the sea at night " * 60_000)  # a 1 MB paste
             await wait_for(pilot, lambda: standin.requests, timeout=20, what="the request")
     assert threads and all(t is not threading.main_thread() for t in threads)

@@ -227,6 +227,7 @@ async def test_the_tui_the_repl_and_ask_start_a_reply_through_the_same_code(tmp_
     from termchat.repl import Repl
 
     from .conftest import wait_for
+    from .test_tui_coding import command
 
     begun, streamed = [], []
     begin, stream = ChatSession.begin_reply, Reply.stream
@@ -251,9 +252,6 @@ async def test_the_tui_the_repl_and_ask_start_a_reply_through_the_same_code(tmp_
         app = TermchatApp(config=config, profile="standin", resume=False)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause(0.5)
-            area = app.query_one("PromptArea")
-            area.text = "from the tui"
-            area.focus()
-            await pilot.press("enter")
+            await command(pilot, "from the tui")
             await wait_for(pilot, lambda: len(standin.requests) == 3 and not app.query_one("StatusBar").info.live, timeout=20, what="the reply")
     assert begun == streamed == ["from ask", "from the repl", "from the tui"]

@@ -71,8 +71,8 @@ def test_text_prompts_get_the_loop_guard_and_code_prompts_none(tmp_path):
 
     local = builtin_profiles()["local"]
     assert local.guard("text") == {"frequency_penalty": 0.5} and local.guard("code") == {}
-    assert local.sampling(kind="text")["frequency_penalty"] == 0.5 and local.sampling(kind="code")["frequency_penalty"] is None
-    assert local.sampling({"frequency_penalty": 0.1}, "text")["frequency_penalty"] == 0.1  # `/set` wins
+    assert local.sampling(guard=local.guard("text"))["frequency_penalty"] == 0.5 and local.sampling(guard=local.guard("code"))["frequency_penalty"] is None
+    assert local.sampling({"frequency_penalty": 0.1}, local.guard("text"))["frequency_penalty"] == 0.1  # `/set` wins
     poem = Conversation().choose_temperature("Write a short poem about the sea at night.", local)
     code = Conversation().choose_temperature("Write a Python function that reverses a list.", local)
     assert poem.kind == "text" and poem.label().startswith("T=0.7, freq 0.5") and code.kind == "code" and "freq" not in code.label()
@@ -108,6 +108,7 @@ async def test_a_looping_reply_is_stopped_stored_as_cut_and_ctrl_r_asks_with_a_s
     from termchat.ui.widgets.message import MessageView
 
     from .conftest import wait_for
+    from .test_tui_coding import command
     from .standin import StandIn
 
     with StandIn("loop") as standin:
@@ -115,10 +116,7 @@ async def test_a_looping_reply_is_stopped_stored_as_cut_and_ctrl_r_asks_with_a_s
         app = TermchatApp(config=config, profile="standin", resume=False)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause(0.5)
-            area = app.query_one("PromptArea")
-            area.text = "Write a short poem about the sea at night."
-            area.focus()
-            await pilot.press("enter")
+            await command(pilot, "Write a short poem about the sea at night.")
             replies = lambda: [v for v in app.query(MessageView) if v.role == "assistant"]  # noqa: E731
             await wait_for(pilot, lambda: replies() and replies()[-1].cut and not app.query_one("StatusBar").info.live, timeout=20, what="the stop")
             view = replies()[-1]

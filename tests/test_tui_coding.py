@@ -47,6 +47,20 @@ async def reply_on_screen(app, text: str) -> None:
     await view.finish(None)
 
 
+def script_the_model(app, reply: str) -> list[str]:
+    """The fix loop's replies, scripted (a stand-in for the model: the default 135M
+    one cannot write these fixes): each request is kept, and `reply` put on screen."""
+    asked: list[str] = []
+
+    async def scripted(prompt: str) -> bool:
+        asked.append(prompt)
+        await reply_on_screen(app, reply)
+        return True
+
+    app.chat_screen.ask_reply = scripted
+    return asked
+
+
 def notes(app) -> str:
     return "\n".join(n.message for n in app._notifications)
 
@@ -196,14 +210,7 @@ async def test_the_fix_loop_applies_the_reply_where_the_last_apply_wrote_and_tes
         await pilot.press("y")
         await command(pilot, "/test")
         await wait_for(pilot, lambda: screen.last_failure is not None, timeout=60, what="failing tests")
-        asked = []
-
-        async def scripted_reply(prompt: str) -> bool:  # the model's turn, scripted
-            asked.append(prompt)
-            await reply_on_screen(app, "The sign was wrong:\n\n```python\ndef add(a, b):\n    return a + b\n```\n")
-            return True
-
-        screen.ask_reply = scripted_reply
+        asked = script_the_model(app, "The sign was wrong:\n\n```python\ndef add(a, b):\n    return a + b\n```\n")
         await command(pilot, "/fix 2")
         await wait_for(pilot, lambda: screen.last_failure is None and not screen.fixing, timeout=60, what="tests pass")
         assert len(asked) == 1 and "tests/test_calc.py::test_add" in asked[0]  # green after one round: no second request
@@ -218,14 +225,7 @@ async def test_escape_during_the_loops_test_run_ends_the_loop(project):
     async with app.run_test(size=(120, 40)) as pilot:
         screen = app.chat_screen
         screen.last_failure = ("sleep 30", "- FAILED tests/test_calc.py::test_add")
-        asked = []
-
-        async def scripted_reply(prompt: str) -> bool:  # the model's turn, scripted
-            asked.append(prompt)
-            await reply_on_screen(app, "```python\n# calc.py\ndef add(a, b):\n    return a + b\n```\n")
-            return True
-
-        screen.ask_reply = scripted_reply
+        asked = script_the_model(app, "```python\n# calc.py\ndef add(a, b):\n    return a + b\n```\n")
         await command(pilot, "/fix 3")  # its first fix applied, then the test run
         await wait_for(pilot, lambda: screen.running is not None and screen.running.command == "sleep 30", what="the loop's test run")
         await pilot.press("escape")

@@ -49,7 +49,7 @@ SETTINGS = {
     "repetition_penalty 1.1": {"repetition_penalty": 1.1},
     "repetition_penalty 1.2": {"repetition_penalty": 1.2},
     "frequency_penalty 0.5": {"frequency_penalty": 0.5},
-    "guard": None,  # the profile's own: Profile.sampling(kind=...)
+    "guard": None,  # the profile's own: Profile.guard(kind)
 }
 EVERYDAY = [
     "Write a short poem about the sea at night.",

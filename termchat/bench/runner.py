@@ -83,7 +83,7 @@ def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, m
         for run in range(runs):
             started = time.monotonic()
             # log-probabilities at T > 0: the report checks from them that speculation sampled what the model samples without it
-            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, **(profile.sampling(kind=detected.kind) | {"max_tokens": max_tokens, "seed": _seed(prompt, run)}), logprobs=value > 0, top_logprobs=TOP_LOGPROBS if value > 0 else 0))
+            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, **(profile.sampling(guard=profile.guard(detected.kind)) | {"max_tokens": max_tokens, "seed": _seed(prompt, run)}), logprobs=value > 0, top_logprobs=TOP_LOGPROBS if value > 0 else 0))
             stats = stream.stats
             progress.request(time.monotonic() - started, f"{label} {prompt.id}")
             if not stats.decode_tokens_per_s:

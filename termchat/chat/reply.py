@@ -120,10 +120,7 @@ class Reply:
     async def stream(self, engine: Engine, profile: Profile, on_step: Callable[[Step], Awaitable[None] | None], max_tokens: int | None = None, seed: int | None = None) -> Outcome:
         """Send the request, stream, store, end. Raises CancelledError (reply
         cut) and ReplyInterrupted (engine gone) after ending the reply."""
-        knobs = profile.sampling(self.knobs)
-        for key, value in self.choice.guard:  # the loop guard chosen with the temperature
-            if knobs.get(key) is None:
-                knobs[key] = value
+        knobs = profile.sampling(self.knobs, dict(self.choice.guard))  # the loop guard chosen with the temperature
         knobs["max_tokens"] = max_tokens or knobs["max_tokens"]
         knobs["seed"] = seed if seed is not None else knobs["seed"]
         sampling = Sampling(temperature=self.choice.value, **knobs)

@@ -14,7 +14,7 @@ A front-end only shows things its own way, through these hooks:
   the finished CommandRun, or None when it was replaced or cancelled;
 - `await ask_reply(prompt)`: send a prompt; whether its reply came whole;
 - `tests_passed(run)`, `tests_failed(run, summary)`: how a test run ended;
-- `start(flow)`: run a flow: the REPL awaits it (a reply or a command runs in
+- `start(flow, loop)`: run a flow (`loop`: the fix loop, which ending the loop cancels): the REPL awaits it (a reply or a command runs in
   the foreground there), the TUI runs it as a worker (its screen must keep
   handling keys: Escape stops a command, a new conversation ends the loop).
 
@@ -116,7 +116,7 @@ class CodingCommands:
         """One request; with ROUNDS, the loop: fix, apply where the last /apply wrote, test."""
         if self.last_failure is None:
             raise UserError("no failing /test to fix; run /test first")
-        await self.start(self.fix_flow(project_tests.fix_rounds(arg)))
+        await self.start(self.fix_flow(project_tests.fix_rounds(arg)), loop=True)
 
     async def fix_flow(self, rounds: int) -> None:
         for _ in range(max(rounds, 1)):
@@ -143,5 +143,5 @@ class CodingCommands:
 
     # ---- the front-end's part -------------------------------------------------------------
 
-    async def start(self, flow: Coroutine) -> None:  # pragma: no cover - each front-end has its own
+    async def start(self, flow: Coroutine, loop: bool = False) -> None:  # pragma: no cover - each front-end has its own
         raise NotImplementedError

@@ -126,12 +126,12 @@ class Profile:
     def is_remote(self) -> bool:
         return bool(self.endpoint)
 
-    def sampling(self, overrides: dict[str, Any] | None = None, kind: str = "") -> dict[str, Any]:
+    def sampling(self, overrides: dict[str, Any] | None = None, guard: dict[str, float] | None = None) -> dict[str, Any]:
         """The sampling settings a request carries (engine.client.Sampling's
-        fields), with a session's `/set` values over the profile's; for a text
-        prompt (`kind`), the text guard where nothing else sets that penalty."""
+        fields), with a session's `/set` values over the profile's, and a loop
+        guard (`guard(kind)`, or a reply's own) where nothing else sets that penalty."""
         knobs = {key: getattr(self, key) for key in SESSION_KEYS} | (overrides or {})
-        for key, value in self.guard(kind).items():
+        for key, value in (guard or {}).items():
             if knobs.get(key) is None:
                 knobs[key] = value
         return knobs

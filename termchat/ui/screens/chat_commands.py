@@ -116,13 +116,10 @@ class ChatCommands(SessionCommands, CodingCommands):
     def warn(self, text: str) -> None:
         self.notify(text, severity="warning", timeout=15)
 
-    async def start(self, flow) -> None:
+    async def start(self, flow, loop: bool = False) -> None:
         """A flow runs as a worker: the screen keeps handling keys meanwhile.
         The fix loop's is in the group `fix`, which ending the loop cancels."""
-        if flow.__name__ == "fix_flow":
-            self.run_worker(flow, group="fix", exclusive=True)
-        else:
-            self.run_worker(flow, group="coding")
+        self.run_worker(flow, group="fix" if loop else "coding", exclusive=loop)
 
     async def confirm(self, question: str, keys: str) -> bool:
         return bool(await self.app.push_screen_wait(Confirm(question, keys)))
