@@ -166,6 +166,8 @@ def cmd_ask(args) -> int:
     show, done = _progress_printer()
     if plain_http_warning(profile):
         print(f"termchat: warning: {plain_http_warning(profile)}", file=sys.stderr)
+    if args.seed is not None and profile.is_remote:
+        print(f"termchat: note: {profile.seed_promise()}", file=sys.stderr)
     engine = open_engine(profile, progress=show, keep_warm=True)
     done()
     tty = sys.stdout.isatty()

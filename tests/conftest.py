@@ -10,6 +10,7 @@ draft model) start one, one at a time, in their own module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -88,6 +89,21 @@ def group_alive(pgid: int) -> list[int]:
     from termchat.engine.proc import group_members
 
     return group_members(pgid)
+
+
+def group_left_after(pgid: int, seconds: float = 30.0) -> list[int]:
+    """The group's processes still alive once `seconds` have passed, or none as soon as
+    it is empty: a server's helper (vLLM's EngineCore) sees its parent go and exits a
+    moment later, not at once. Whatever is left is killed, so no test inherits it."""
+    from termchat.engine.proc import group_members
+
+    deadline = time.monotonic() + seconds
+    while (left := group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    return left
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -101,3 +101,41 @@ def test_the_self_check_decides_by_behaviour_not_by_version():
     assert not vllm_plugin.agrees("_expand_kernel_impl", raising_expand)
     for name, original in vllm_plugin.replaced.items():  # what this vLLM shipped and the plugin replaced
         assert not vllm_plugin.agrees(name, original)
+
+
+def test_a_seed_and_an_output_position_key_one_stream_each():
+    seeds = {vllm_plugin.position_seed(seed, position) for seed in range(64) for position in range(512)}
+    assert len(seeds) == 64 * 512  # no two (seed, position) share noise
+    assert all(0 <= s < 2**63 for s in seeds)  # what torch.Generator.manual_seed takes
+    assert vllm_plugin.position_seed(7, 3) == vllm_plugin.position_seed(7, 3)
+
+
+def test_verification_by_position_keeps_drafts_up_to_the_first_that_differs_from_the_keyed_sample():
+    P = vllm_plugin.PLACEHOLDER
+    drafts = [5, 6, 7, 1, 2, 9, 9, 9]  # request 0: 3 drafts, 1: 2, 2: 0, 3: 3
+    counts = [3, 2, 0, 3]
+    out = torch.full((4, 4), 42, dtype=torch.int32)  # vLLM's verdict, kept for unseeded rows
+    sampled = {0: [5, 6, 7], 1: [1, 4], 3: [3, 9, 9]}  # the target's keyed samples at the draft positions
+    vllm_plugin.accept_by_position(out, drafts, counts, sampled, bonus=[10, 11, 12, 13])
+    assert out.tolist() == [
+        [5, 6, 7, 10],  # every draft equals the sample: all kept, then the bonus token
+        [1, 4, P, P],  # the second draft (2) differs: the sample (4) replaces it and ends the row
+        [42, 42, 42, 42],  # not seeded (or no drafts): vLLM's own result stays
+        [3, P, P, P],  # the first draft differs
+    ]
+
+
+def test_the_keyed_generators_depend_on_the_seed_and_the_position_only(monkeypatch):
+    import weakref
+
+    monkeypatch.setattr(vllm_plugin, "_outputs", weakref.WeakKeyDictionary())
+    a, b, stranger = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    vllm_plugin._outputs[a] = [1, 2, 3]  # a request 3 tokens in
+    vllm_plugin._outputs[b] = [9, 9]  # another, with the same seed, 2 tokens in
+    torch.rand(3, generator=a)  # a's own stream moved on (vLLM drew from it): no matter
+    draw = lambda g: torch.rand(4, generator=g).tolist()  # noqa: E731
+    keyed = vllm_plugin.keyed_generators({0: a, 1: b, 2: stranger}, offsets=[0, 1, 0])
+    assert draw(keyed[0]) == draw(keyed[1])  # position 3 both: the same noise
+    assert keyed[2] is stranger  # a request this process never saw keeps vLLM's generator
+    later = vllm_plugin.keyed_generators({0: a}, offsets=[1])
+    assert draw(later[0]) != draw(vllm_plugin.keyed_generators({0: a})[0])  # another position, other noise

@@ -62,6 +62,21 @@ def test_set_overrides_the_profile_for_the_session_and_off_goes_back():
             session.set_knob(bad)
 
 
+def test_set_seed_says_in_one_line_what_the_seed_promises_on_this_profile():
+    config, problems = parse_config(
+        '[profiles.gpu]\nendpoint = "http://127.0.0.1:9/v1"\n'
+        '[profiles.sampled-drafts]\nmodel = "m"\n[profiles.sampled-drafts.speculative]\nmethod = "draft_model"\nmodel = "m"\n'
+        'num_speculative_tokens = 3\ndraft_sample_method = "probabilistic"\n', "c.toml")
+    assert not problems, problems
+    said = {name: ChatSession(SimpleNamespace(), profile).set_knob("seed 42") for name, profile in
+            (("local", builtin_profiles()["local"]), ("gpu", config.get("gpu")), ("sampled", config.get("sampled-drafts")))}
+    assert all("\n" not in line and line.startswith("seed = 42") for line in said.values())
+    assert "same reply on every run, with or without speculation" in said["local"]
+    assert "can give another reply" in said["gpu"]  # a server termchat does not run
+    assert "only when the drafts are the same" in said["sampled"]
+    assert ChatSession(SimpleNamespace(), builtin_profiles()["local"]).set_knob("top_k 40") == "top_k = 40 for the rest of this session (every profile)"
+
+
 def test_text_prompts_get_the_loop_guard_and_code_prompts_none(tmp_path):
     from termchat import cli
     from termchat.chat.conversation import Conversation

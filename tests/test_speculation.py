@@ -29,7 +29,7 @@ from termchat.engine.endpoint import remote_engine
 from termchat.profiles import builtin_profiles, load_config, parse_config
 from termchat.profiles.speculation import NGRAM
 
-from .conftest import ROOT, TERMCHAT, engine_profile, group_alive, vllm_processes
+from .conftest import ROOT, TERMCHAT, engine_profile, group_alive, group_left_after, vllm_processes
 
 pytestmark = pytest.mark.engine
 
@@ -55,7 +55,7 @@ def nospec_engine(prepared_model):
 @pytest.fixture(scope="module")
 def without_speculation(nospec_engine):
     """The reference samples (16 replies at T=0.7), collected once for every method."""
-    return asyncio.run(verify.collect(nospec_engine, range(8)))
+    return asyncio.run(verify.collect(nospec_engine, 8))
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +106,12 @@ def test_speculation_at_temperature_0_7_samples_what_the_model_samples_without_i
     power against simulated defects: `python -m termchat.bench.lossless_power`)."""
     engine = request.getfixturevalue("shared_engine" if method == "suffix" else "ngram_engine")
     assert engine.profile.method == method
-    spec = asyncio.run(verify.collect(engine, range(8)))
+    spec = asyncio.run(verify.collect(engine, 8))
     checks = {c.name: c for c in verify.compare(spec, without_speculation)}
     assert checks["drafts proposed"].passed, checks["drafts proposed"].detail  # else the check has no power
     assert checks["sampled at T=0.7"].passed, checks["sampled at T=0.7"].detail
     assert checks["greedy"].passed
+    assert checks["seeded at T>0"].passed, checks["seeded at T>0"].detail
 
 
 PENALTIES = {"repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": 0.5}
@@ -120,13 +121,34 @@ def test_speculation_with_penalties_at_temperature_0_7_samples_what_the_model_sa
     """vLLM's rejection sampler applies the penalties to the target's logits
     of every drafted position; this checks that it does so as plain decoding
     does (16 replies a side, the same two-sided test)."""
-    base = asyncio.run(verify.collect(nospec_engine, range(8), **PENALTIES))
-    spec = asyncio.run(verify.collect(shared_engine, range(8), **PENALTIES))
+    base = asyncio.run(verify.collect(nospec_engine, 8, **PENALTIES))
+    spec = asyncio.run(verify.collect(shared_engine, 8, **PENALTIES))
     assert base.greedy != without_speculation.greedy  # the penalties reached the sampler
     checks = {c.name: c for c in verify.compare(spec, base)}
     assert checks["drafts proposed"].passed, checks["drafts proposed"].detail
     assert checks["sampled at T=0.7"].passed, checks["sampled at T=0.7"].detail
     assert checks["greedy"].passed
+    assert checks["seeded at T>0"].passed, checks["seeded at T>0"].detail  # the text guard's penalties too
+
+
+def test_a_seed_gives_the_same_reply_at_temperature_0_7_and_1_whatever_the_drafts(shared_engine, ngram_engine, nospec_engine, without_speculation):
+    """A seeded request is sampled by output position (engine/vllm_plugin.sample_by_position):
+    plain, ngram and suffix decoding give one text per (prompt, T) for seed 7, and suffix gives
+    it again once its cache holds those replies (other drafts, the same text). Before, vLLM drew
+    a request's noise step by step, and three runs of one seeded prompt on `local` gave three
+    replies. The statistical tests above sample unseeded: they test vLLM's own rejection sampler."""
+    seed = 11  # not verify's 7: the suffix engine has not seen these replies yet
+    plain = [s.text for s in asyncio.run(verify.seeded_replies(nospec_engine, seed=seed))]
+    ngram = asyncio.run(verify.seeded_replies(ngram_engine, seed=seed))
+    first = asyncio.run(verify.seeded_replies(shared_engine, seed=seed))
+    again = asyncio.run(verify.seeded_replies(shared_engine, seed=seed))
+    assert [s.text for s in ngram] == plain
+    assert [s.text for s in first] == plain
+    assert [s.text for s in again] == plain
+    accepted = lambda streams: [s.stats.accepted_tokens for s in streams]  # noqa: E731
+    assert sum(accepted(ngram)) > 0 and sum(accepted(first)) > 0  # the drafts had a say
+    assert accepted(again) != accepted(first)  # other drafts the second time, the same replies
+    assert sum(a != b for a, b in zip(without_speculation.seeded, plain)) >= 3  # seed 7 chose other replies
 
 
 def test_a_vllm_serve_without_per_request_metrics_gives_exact_acceptance_from_its_totals(prepared_model, ngram_engine, tmp_path):
@@ -172,7 +194,7 @@ def test_a_vllm_serve_without_per_request_metrics_gives_exact_acceptance_from_it
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
-    assert group_alive(proc.pid) == []
+    assert group_left_after(proc.pid) == []
 
 
 def test_stopping_an_engine_leaves_no_process(nospec_engine):
@@ -208,7 +230,7 @@ def test_a_model_drafting_for_itself_is_accepted_at_temperature_0_7_and_1(prepar
     engine = open_engine(profile, attach=False)
     prompts = [verify.SAMPLED_PROMPTS[0], "Write a short poem about the sea at night."]
     try:
-        results = {(t, p): asyncio.run(verify.sample(engine, prompts, range(3), t, p, max_tokens=64)) for t in (0.7, 1.0) for p in (1.0, 0.9)}
+        results = {(t, p): asyncio.run(verify.sample(engine, prompts, 3, t, p, max_tokens=64)) for t in (0.7, 1.0) for p in (1.0, 0.9)}
     finally:
         engine.stop()
     for (temperature, top_p), streams in results.items():

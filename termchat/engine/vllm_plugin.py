@@ -17,7 +17,9 @@ only the fallbacks that disagree. The decision comes from that self-check,
 never from a version string: a vLLM release that fixes the kernel keeps its
 own code. One line in the engine log says what was replaced.
 
-Also (use_cpu_norm_kernels): RMSNorm on vLLM's own C++ CPU kernels, which
+Also (sample_by_position): a seeded request's noise keyed by (seed, output
+position) instead of drawn step by step, so that a seed gives the same reply
+whatever the drafts, with or without speculation. (use_cpu_norm_kernels): RMSNorm on vLLM's own C++ CPU kernels, which
 vLLM registers for GPUs only. And (load_cpu_compile_cache): a compiled
 engine's cache, which vLLM 0.32 writes on the CPU but cannot read back.
 
@@ -381,6 +383,150 @@ def load_cpu_compile_cache() -> bool:
     return True
 
 
+# ---- seeds that reproduce whatever the drafts ------------------------------------------
+
+PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: no token in this slot
+_outputs = None  # once installed, a WeakKeyDictionary: a seeded request's generator -> its output token list
+_verifying: list = []  # (top-k/top-p sampler, drafts per request) while the rejection sampler runs
+
+
+def position_seed(seed: int, position: int) -> int:
+    """One 63-bit seed per (request seed, output position): SplitMix64's finaliser
+    over both, so neighbouring positions and seeds give unrelated streams."""
+    mask = (1 << 64) - 1
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 1
+
+
+def keyed_generators(generators: dict, offsets=None) -> dict:
+    """The batch's seeded rows, each with a generator seeded by (the request's seed,
+    the output position that row samples): vLLM draws a request's noise from one
+    generator step after step, so with speculation (several tokens a step, rejected
+    drafts drawing too) the same seed gave another reply. Keyed by position, the
+    token at position n is the same Gumbel-max draw whatever came before it. Rows
+    whose request this process did not see start keep vLLM's own generator."""
+    import torch
+
+    keyed = {}
+    for row, generator in generators.items():
+        outputs = _outputs.get(generator)
+        if outputs is None:
+            keyed[row] = generator
+            continue
+        position = len(outputs) + (offsets[row] if offsets is not None else 0)
+        keyed[row] = torch.Generator(device=generator.device).manual_seed(position_seed(generator.initial_seed(), position))
+    return keyed
+
+
+def accept_by_position(output_token_ids, drafts: list[int], num_draft_tokens: list[int], rows: dict, bonus: list[int]) -> None:
+    """Seeded requests' verification: `rows[req]` holds the target's keyed samples at
+    its draft positions (what plain decoding would emit there). A draft is kept while
+    it equals that sample; the first that differs is replaced by the sample and ends
+    the request's tokens; when all are kept the bonus token (also keyed) follows.
+    An exact sample of the target, so lossless; for drafts without probabilities
+    (ngram, suffix) it accepts a draft with the target's probability of it, as
+    vLLM's rejection sampler does."""
+    start = 0
+    for req, count in enumerate(num_draft_tokens):
+        sampled = rows.get(req)
+        if sampled is not None:
+            output_token_ids[req].fill_(PLACEHOLDER)
+            for pos in range(count):
+                output_token_ids[req, pos] = sampled[pos]
+                if sampled[pos] != drafts[start + pos]:
+                    break
+            else:
+                output_token_ids[req, count] = bonus[req]
+        start += count
+
+
+def sample_by_position() -> bool:
+    """Make a seed give the same reply on every run, with or without speculation
+    (wraps three vLLM functions; the unseeded rows keep vLLM's own sampling):
+    the CPU top-k/top-p sampler draws each seeded row's noise keyed by its output
+    position; the rejection sampler's bonus token is keyed by the position after
+    the drafts; and its verdict on a seeded request's drafts is `accept_by_position`.
+    Runs no torch work. False where there is nothing to do."""
+    global _outputs
+    try:
+        import weakref
+
+        import torch
+        from vllm.platforms import current_platform
+        from vllm.v1.sample import rejection_sampler
+        from vllm.v1.sample.ops import topk_topp_sampler
+        from vllm.v1.worker import gpu_input_batch
+    except ImportError:
+        return False
+    sampler_class = topk_topp_sampler.TopKTopPSampler
+    if not current_platform.is_cpu() or getattr(sampler_class.forward_cpu, "termchat", False):
+        return False
+    _outputs = weakref.WeakKeyDictionary()
+    forward_cpu = sampler_class.forward_cpu
+    add_request = gpu_input_batch.InputBatch.add_request
+    verify_forward = rejection_sampler.RejectionSampler.forward
+    rejection_sample = rejection_sampler.rejection_sample
+
+    def keyed_forward_cpu(self, logits, generators, k, p):
+        if generators:
+            generators = keyed_generators(generators, _verifying[-1][1] if _verifying else None)
+        return forward_cpu(self, logits, generators, k, p)
+
+    def keyed_add_request(self, request):
+        index = add_request(self, request)
+        if request.generator is not None:
+            _outputs[request.generator] = request.output_token_ids  # a resumed request brings a new list
+        return index
+
+    def keyed_verify_forward(self, metadata, draft_probs, logits, sampling_metadata):
+        _verifying.append((self.sampler.topk_topp_sampler, list(metadata.num_draft_tokens)))
+        try:
+            return verify_forward(self, metadata, draft_probs, logits, sampling_metadata)
+        finally:
+            _verifying.pop()
+
+    def keyed_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                               target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
+        seeded = []  # drafts sampled with probabilities keep vLLM's test, which accepts them more often
+        if _verifying and draft_probs is None and sampling_metadata.generators and sampling_metadata.temperature is not None:
+            temperature = sampling_metadata.temperature.tolist()
+            seeded = [req for req in sampling_metadata.generators if num_draft_tokens[req] and temperature[req] >= 1e-5]
+        rows = {}
+        if seeded:
+            sampler = _verifying[-1][0]
+            starts = [0]
+            for count in num_draft_tokens:
+                starts.append(starts[-1] + count)
+            index = [starts[req] + pos for req in seeded for pos in range(num_draft_tokens[req])]
+            picked = target_logits[torch.tensor(index, dtype=torch.long, device=target_logits.device)]
+            generators = {}
+            for req in seeded:  # one row per draft position, keyed by that position
+                generator = sampling_metadata.generators[req]
+                for pos in range(num_draft_tokens[req]):
+                    generators[len(generators)] = generator
+            offsets = [pos for req in seeded for pos in range(num_draft_tokens[req])]
+            sampled = forward_cpu(sampler, picked, keyed_generators(generators, offsets), None, None)[0].tolist()
+            cursor = 0
+            for req in seeded:
+                rows[req] = sampled[cursor:cursor + num_draft_tokens[req]]
+                cursor += num_draft_tokens[req]
+        output = rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                                  target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
+        if rows:
+            accept_by_position(output, draft_token_ids.tolist(), list(num_draft_tokens), rows, bonus_token_ids.reshape(-1).tolist())
+        return output
+
+    for wrapper in (keyed_forward_cpu, keyed_add_request, keyed_verify_forward, keyed_rejection_sample):
+        wrapper.termchat = True
+    sampler_class.forward_cpu = keyed_forward_cpu
+    gpu_input_batch.InputBatch.add_request = keyed_add_request
+    rejection_sampler.RejectionSampler.forward = keyed_verify_forward
+    rejection_sampler.rejection_sample = keyed_rejection_sample
+    return True
+
+
 def register() -> None:
     """vLLM's plugin hook: replace the defective CPU fallbacks, once per process."""
     global _done
@@ -401,6 +547,11 @@ def register() -> None:
         logger.warning("termchat: could not mend the CPU compile cache loader (%s: %s)", type(exc).__name__, exc)
     if _deferred:  # checked in the forked engine core (defer_to_forked_children)
         return
+    try:
+        if os.environ.get("TERMCHAT_KEYED_SEEDS", "1") != "0" and sample_by_position():
+            logger.info("termchat: a seeded request samples by output position (sample_by_position)")
+    except Exception as exc:  # never stop vLLM from starting: seeds then work as vLLM's do
+        logger.warning("termchat: could not key seeded sampling by position (%s: %s)", type(exc).__name__, exc)
     try:
         broken = defective_fallbacks()
     except Exception as exc:  # never stop vLLM from starting; say why nothing was checked

@@ -126,6 +126,16 @@ class Profile:
     def is_remote(self) -> bool:
         return bool(self.endpoint)
 
+    def seed_promise(self) -> str:
+        """What a seed gives on this profile, in one line (the plugin's position-keyed
+        sampling holds in the engines termchat runs, for drafts without probabilities)."""
+        if self.is_remote:
+            return "a server termchat does not run may draw its noise step by step: if it speculates, the same seed can give another reply"
+        options = self.speculative.options if self.speculative else {}
+        if options.get("draft_sample_method") == "probabilistic":
+            return "this profile's drafts are sampled (draft_sample_method \"probabilistic\"): the same seed gives the same reply only when the drafts are the same"
+        return "the same seed gives the same reply on every run, with or without speculation"
+
     def sampling(self, overrides: dict[str, Any] | None = None, guard: dict[str, float] | None = None) -> dict[str, Any]:
         """The sampling settings a request carries (engine.client.Sampling's
         fields), with a session's `/set` values over the profile's, and a loop
