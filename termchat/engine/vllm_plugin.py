@@ -23,7 +23,8 @@ whatever the drafts, with or without speculation. (use_cpu_norm_kernels): RMSNor
 vLLM registers for GPUs only. And (load_cpu_compile_cache): a compiled
 engine's cache, which vLLM 0.32 writes on the CPU but cannot read back.
 
-Nothing here imports the rest of termchat, and nothing runs at import time.
+Nothing here imports the rest of termchat (but its sibling vllm_int4, the
+`termchat_int4` quantization it registers), and nothing runs at import time.
 """
 
 from __future__ import annotations
@@ -545,6 +546,12 @@ def register() -> None:
             logger.info("termchat: vLLM's compile cache loader mended for the CPU (load_cpu_compile_cache)")
     except Exception as exc:  # never stop vLLM from starting: it compiles again, as before
         logger.warning("termchat: could not mend the CPU compile cache loader (%s: %s)", type(exc).__name__, exc)
+    try:
+        from termchat.engine import vllm_int4  # imports nothing else of termchat
+
+        vllm_int4.register()  # only registers a name and a class: the API server validates the flag
+    except Exception as exc:  # never stop vLLM from starting: profiles asking for it then fail to start
+        logger.warning("termchat: could not register the termchat_int4 quantization (%s: %s)", type(exc).__name__, exc)
     if _deferred:  # checked in the forked engine core (defer_to_forked_children)
         return
     try:

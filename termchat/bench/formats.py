@@ -1,0 +1,181 @@
+"""Fewer bytes per token: which weight format is as good as float32, and how much faster?
+
+    python -m termchat.bench.formats [--per-category 4] [--runs 1] [--formats bfloat16,int4]
+
+Decoding one token at batch 1 reads every weight once, so fewer bytes per
+weight (float32 4, bfloat16 2, termchat_int4 0.625 for the layers) can make
+it that much faster, where the CPU has a kernel for the format. Each format
+runs as the default profile's engine without speculation (compiled):
+
+- float32: the reference (the default model's weights are its GGUF's
+  dequantized blocks);
+- bfloat16: `dtype = "bfloat16"`;
+- int4: `quantization = "termchat_int4"` (engine/vllm_int4.py: the layers'
+  Q4_1 codes on torch's int4 kernel, the output layer in bfloat16);
+  int4-f32head: the same with a float32 output layer.
+
+The quality guard (a variant may become a default only if it passes):
+- the float32 engine's greedy reply to each prompt (64 tokens) is scored
+  under every engine (`prompt_logprobs` of the same tokens): the mean
+  log-probability under the variant within 1% of float32's own, over at
+  least 1,000 tokens;
+- its own 128-token greedy replies loop no more than float32's (distinct-2,
+  and chat/loops.py's verdict), and their Python blocks parse at least as
+  often;
+- greedy-text identity with float32 is reported and decides nothing: greedy
+  text parts at near-ties without any loss.
+
+Speed: median decode tokens/s of the 128-token greedy replies, the engines
+one after the other (`--runs` alternations), plain decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from termchat import models
+from termchat.bench.prompt_sets import builtin
+from termchat.bench.roofline import read_bandwidth, weight_count
+from termchat.engine.client import Sampling, complete_sync
+from termchat.engine.connect import open_engine
+from termchat.profiles import builtin_profiles
+
+GUARD_TOKENS = 64
+LOGPROB_LIMIT = 0.01  # relative
+
+
+async def continuation_logprob(engine, prompt: str, reply: str) -> tuple[float, int]:
+    """Sum and count of the log-probabilities of `reply`'s tokens after `prompt`, under `engine`."""
+    user = [{"role": "user", "content": prompt}]
+    head = await engine.client.post(engine.root_url + "/tokenize", json={"model": engine.model_name, "messages": user, "add_generation_prompt": True})
+    head.raise_for_status()
+    start = head.json()["count"]
+    body = {
+        "model": engine.model_name,
+        "messages": [*user, {"role": "assistant", "content": reply}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": 0,
+    }
+    response = await engine.client.post(engine.base_url + "/chat/completions", json=body, timeout=120.0)
+    response.raise_for_status()
+    entries = response.json()["prompt_logprobs"][start:]
+    # prompt_logprobs = 0: each position holds its own token only
+    values = [next(iter(entry.values()))["logprob"] for entry in entries if entry]
+    return sum(values), len(values)
+
+
+def run_engine(profile, prompts: list[str], references: list[str] | None):
+    """Greedy 64-token replies, 128-token replies (speed, loops, code), and the
+    reference replies' log-probabilities under this engine."""
+    engine = open_engine(profile, progress=lambda line: print(line, file=sys.stderr), attach=False)
+    try:
+        complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))
+        greedy = [complete_sync(engine, [{"role": "user", "content": p}], Sampling(temperature=0.0, max_tokens=GUARD_TOKENS)) for p in prompts]
+        long = [complete_sync(engine, [{"role": "user", "content": p}], Sampling(temperature=0.0, max_tokens=128)) for p in prompts]
+        refs = references or [g.text for g in greedy]
+        scored = [engine.run(lambda p=p, r=r: continuation_logprob(engine, p, r)) for p, r in zip(prompts, refs)]
+    finally:
+        engine.stop()
+    return greedy, long, scored
+
+
+def variants(names: list[str]) -> dict:
+    """name -> the default profile's engine without speculation, in that format."""
+    base = builtin_profiles()["local"].without_speculation()
+    quantized = lambda q: replace(base, engine_args={**base.engine_args, "quantization": q})  # noqa: E731
+    known = {
+        "float32": replace(base, dtype="float32"),
+        "bfloat16": replace(base, dtype="bfloat16"),
+        "int4": quantized("termchat_int4"),
+        "int4-f32head": quantized("termchat_int4_f32head"),
+    }
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown format(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return {n: replace(known[n], name=f"format-{n}") for n in ["float32", *names]}
+
+
+def bytes_per_step(name: str, weights: int, head: int) -> float:
+    """Weight bytes one decode step reads (the embedding lookup reads a row only)."""
+    layers = weights - head
+    if name == "int4":
+        return layers * (0.5 + 4 / 32) + head * 2  # codes, bf16 scale and zero per 32; bf16 head
+    if name == "int4-f32head":
+        return layers * (0.5 + 4 / 32) + head * 4
+    return weights * (2 if name == "bfloat16" else 4)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from termchat.bench.repetition import distinct_2, parses
+    from termchat.chat.loops import loops
+    from termchat.bench.command import machine_line
+
+    parser = argparse.ArgumentParser(prog="python -m termchat.bench.formats", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--per-category", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=1, help="alternations of the engines for the speed figure")
+    parser.add_argument("--formats", default="bfloat16,int4", help="variants beside float32 (bfloat16, int4, int4-f32head)")
+    args = parser.parse_args(argv)
+    profiles = variants([n.strip() for n in args.formats.split(",") if n.strip() and n.strip() != "float32"])
+    by_category: dict[str, list] = {}
+    for prompt in builtin():
+        by_category.setdefault(prompt.category, []).append(prompt)
+    chosen = [p for items in by_category.values() for p in items[: args.per_category]]
+    prompts = [p.text for p in chosen]
+    print(machine_line(), flush=True)
+    speeds: dict[str, list[float]] = {n: [] for n in profiles}
+    first: dict[str, tuple] = {}
+    for run in range(args.runs):
+        for name, profile in profiles.items():
+            refs = [g.text for g in first["float32"][0]] if "float32" in first else None
+            greedy, long, scored = run_engine(profile, prompts, refs)
+            first.setdefault(name, (greedy, long, scored))
+            speeds[name].append(statistics.median(s.stats.decode_tokens_per_s for s in long if s.stats.decode_tokens_per_s))
+            print(f"run {run + 1}: {name} {speeds[name][-1]:.1f} tok/s", flush=True)
+    ref_greedy, _, ref_scored = first["float32"]
+    tokens = sum(n for _, n in ref_scored)
+    ref_mean = sum(s for s, _ in ref_scored) / tokens
+    folder = Path(models.resolve(profiles["float32"].model))
+    weights, head = weight_count(folder), 49152 * 576  # the tied embedding / output layer of the default model
+    bandwidth = read_bandwidth()
+    print(f"\n{len(prompts)} built-in prompts ({args.per_category} per category), plain decoding, greedy; "
+          f"{tokens} tokens of float32's replies scored; memory read {bandwidth / 1e9:.1f} GB/s\n")
+    names = list(profiles)
+    print("| | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    row = lambda label, cells: print(f"| {label} | " + " | ".join(cells) + " |")  # noqa: E731
+    a = statistics.median(speeds["float32"])
+    row(f"decode tok/s (median of {args.runs} run(s))", [f"{statistics.median(speeds[n]):.1f}" for n in names])
+    row("speed-up over float32", [f"{statistics.median(speeds[n]) / a:.2f}x" for n in names])
+    row("weight bytes read per step", [f"{bytes_per_step(n, weights, head) / 1e6:.0f} MB" for n in names])
+    row("share of the memory limit reached", [f"{statistics.median(speeds[n]) * bytes_per_step(n, weights, head) / bandwidth:.0%}" for n in names])
+    verdicts = {}
+    for n in names:
+        greedy, long, scored = first[n]
+        mean = sum(s for s, _ in scored) / sum(k for _, k in scored)
+        shift = abs(mean - ref_mean) / abs(ref_mean)
+        code = [parses(s.text) for s, p in zip(long, chosen) if p.category == "code"]
+        looped = sum(loops(s.text) for s in long)
+        verdicts[n] = dict(mean=mean, shift=shift, identical=sum(x.text == y.text for x, y in zip(ref_greedy, greedy)),
+                           d2=statistics.fmean(distinct_2(s.text) for s in long), looped=looped,
+                           parsed=sum(c is True for c in code), blocks=sum(c is not None for c in code))
+    row("mean log-probability of float32's greedy replies", [f"{verdicts[n]['mean']:.4f}" for n in names])
+    row("shift from float32 (limit 1%)", [f"{verdicts[n]['shift']:.2%}" for n in names])
+    row("distinct-2 of its 128-token replies / replies that loop", [f"{verdicts[n]['d2']:.3f} / {verdicts[n]['looped']}" for n in names])
+    row("code replies' Python blocks that parse", [f"{verdicts[n]['parsed']}/{verdicts[n]['blocks']}" for n in names])
+    row(f"greedy first {GUARD_TOKENS} tokens identical to float32's (decides nothing)", [f"{verdicts[n]['identical']}/{len(prompts)}" for n in names])
+    ref = verdicts["float32"]
+    for n in names[1:]:
+        v = verdicts[n]
+        passed = tokens >= 1000 and v["shift"] <= LOGPROB_LIMIT and v["looped"] <= ref["looped"] and v["d2"] >= ref["d2"] - 0.01 and v["parsed"] >= ref["parsed"]
+        print(f"quality guard, {n}: {'PASS' if passed else 'FAIL'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
