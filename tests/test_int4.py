@@ -93,3 +93,15 @@ def test_an_int4_engine_scores_float32s_replies_as_float32_does(shared_engine):
     assert total == sum(n for _, n in scored) >= 120  # three replies of up to 64 tokens
     mean, ref_mean = sum(s for s, _ in scored) / total, sum(s for s, _ in reference) / total
     assert abs(mean - ref_mean) <= 0.01 * abs(ref_mean), (mean, ref_mean)
+
+
+def test_a_weight_format_is_a_change_of_the_profile_and_an_unknown_one_is_refused():
+    from termchat.errors import UserError
+    from termchat.profiles import builtin_profiles, in_format
+
+    base = builtin_profiles()["local"].without_speculation()
+    int4 = in_format(base, "int4")
+    assert int4.engine_args == {**base.engine_args, "quantization": "termchat_int4"} and int4.dtype == "float32"
+    assert "quantization" not in in_format(int4, "bfloat16").engine_args and in_format(int4, "bfloat16").dtype == "bfloat16"
+    with pytest.raises(UserError, match="unknown weight format 'int3'; known: float32, bfloat16, int4"):
+        in_format(base, "int3")

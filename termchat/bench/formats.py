@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from termchat import models
@@ -42,7 +41,8 @@ from termchat.bench.prompt_sets import builtin
 from termchat.bench.roofline import read_bandwidth, weight_count
 from termchat.engine.client import Sampling, complete_sync
 from termchat.engine.connect import open_engine
-from termchat.profiles import builtin_profiles
+from termchat.errors import UserError
+from termchat.profiles import builtin_profiles, in_format
 
 GUARD_TOKENS = 64
 LOGPROB_LIMIT = 0.01  # relative
@@ -89,17 +89,10 @@ def run_engine(profile, prompts: list[str], references: list[str] | None):
 def variants(names: list[str]) -> dict:
     """name -> the default profile's engine without speculation, in that format."""
     base = builtin_profiles()["local"].without_speculation()
-    quantized = lambda q: replace(base, engine_args={**base.engine_args, "quantization": q})  # noqa: E731
-    known = {
-        "float32": replace(base, dtype="float32"),
-        "bfloat16": replace(base, dtype="bfloat16"),
-        "int4": quantized("termchat_int4"),
-        "int4-f32head": quantized("termchat_int4_f32head"),
-    }
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise SystemExit(f"unknown format(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    return {n: replace(known[n], name=f"format-{n}") for n in ["float32", *names]}
+    try:
+        return {n: in_format(base, n) for n in ["float32", *names]}
+    except UserError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def bytes_per_step(name: str, weights: int, head: int) -> float:

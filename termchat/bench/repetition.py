@@ -42,7 +42,7 @@ from termchat.detect.classify import temperature_for
 from termchat.engine.client import Sampling, complete
 from termchat.engine.connect import open_engine
 from termchat.errors import UserError
-from termchat.profiles import builtin_profiles
+from termchat.profiles import WEIGHT_FORMATS, builtin_profiles, in_format
 
 SETTINGS = {
     "none": {},
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", help=f"comma-separated, of: {'; '.join(SETTINGS)} (default: all)")
     parser.add_argument("--everyday", action="store_true", help="six everyday text prompts instead of the bench's")
     parser.add_argument("--seeds", type=int, default=1, help="replies per prompt and setting, each with its own seed")
-    parser.add_argument("--format", help="instead of --profile: the default profile's engine without speculation in this weight format (bench.formats: float32, bfloat16, int4)")
+    parser.add_argument("--format", help=f"instead of --profile: the default profile's engine without speculation in this weight format ({', '.join(WEIGHT_FORMATS)})")
     parser.add_argument("--show-loops", action="store_true", help="print the start and end of every reply counted as a loop (to judge false alarms)")
     args = parser.parse_args(argv)
     names = args.settings.split(",") if args.settings else list(SETTINGS)
@@ -104,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = {name: SETTINGS[name] for name in names}
     profile = builtin_profiles()[args.profile]
     if args.format:
-        from termchat.bench.formats import variants
-
-        profile = variants([args.format])[args.format]
+        try:
+            profile = in_format(builtin_profiles()["local"].without_speculation(), args.format)
+        except UserError as exc:
+            parser.error(str(exc))
     by_category: dict[str, list] = {}
     try:
         chosen = builtin(args.categories.split(",") if args.categories else None)

@@ -256,6 +256,26 @@ def is_loopback(url: str) -> bool:
         return False
 
 
+# weight format -> what a local profile's engine is given for it (bench.formats measures them)
+WEIGHT_FORMATS = {
+    "float32": {"dtype": "float32"},
+    "bfloat16": {"dtype": "bfloat16"},
+    "int4": {"quantization": "termchat_int4"},  # engine/vllm_int4.py; output layer bfloat16
+    "int4-f32head": {"quantization": "termchat_int4_f32head"},
+}
+
+
+def in_format(profile: Profile, weights: str) -> Profile:
+    """The profile with its weights in one of WEIGHT_FORMATS (named format-NAME)."""
+    if weights not in WEIGHT_FORMATS:
+        raise UserError(f"unknown weight format {weights!r}; known: {', '.join(WEIGHT_FORMATS)}")
+    change = WEIGHT_FORMATS[weights]
+    args = {k: v for k, v in profile.engine_args.items() if k != "quantization"}
+    if "quantization" in change:
+        args["quantization"] = change["quantization"]
+    return replace(profile, name=f"format-{weights}", dtype=change.get("dtype", "float32"), engine_args=args)
+
+
 def builtin_profiles() -> dict[str, Profile]:
     """Profiles that exist without any config file, so F2 can compare methods
     on a fresh install. `local` is the default: the method the bench measured
