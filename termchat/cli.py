@@ -79,8 +79,11 @@ def cmd_models_list(args) -> int:
     from termchat import models
 
     for row in models.listing():
-        state = f"prepared, {row['bytes'] / 1e6:.0f} MB" if row["prepared"] else "not prepared (run `termchat models prepare`)"
-        print(inert(f"{row['name']}\n  {row['summary']}\n  {row['path']}\n  {state}"))
+        state = f"prepared, {row['bytes'] / 1e6:.0f} MB on disk: {row['format']}" if row["prepared"] else "not prepared (run `termchat models prepare`)"
+        lines = [row["name"], f"  {row['summary']}", f"  {row['path']}", f"  {state}"]
+        if row.get("per_token"):
+            lines.append("  read per token: " + ", ".join(f"{name} {n / 1e6:.0f} MB" for name, n in row["per_token"].items() if n))
+        print(inert("\n".join(lines)))
     return 0
 
 

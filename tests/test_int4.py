@@ -105,3 +105,20 @@ def test_a_weight_format_is_a_change_of_the_profile_and_an_unknown_one_is_refuse
     assert "quantization" not in in_format(int4, "bfloat16").engine_args and in_format(int4, "bfloat16").dtype == "bfloat16"
     with pytest.raises(UserError, match="unknown weight format 'int3'; known: float32, bfloat16, int4"):
         in_format(base, "int3")
+
+
+def test_models_list_says_the_format_on_disk_and_the_bytes_each_format_reads_per_token(prepared_model, capsys):
+    from types import SimpleNamespace
+
+    from termchat import cli, models
+
+    total, embed, head = models.weight_counts(prepared_model)
+    assert (embed, head) == (49152 * 576, 0)  # tied: the output layer is the embedding
+    assert models.bytes_per_token(prepared_model) == total * 4
+    assert models.bytes_per_token(prepared_model, "bfloat16") == total * 2
+    assert models.bytes_per_token(prepared_model, "float32", "termchat_int4") == (total - embed) * 0.625 + embed * 2
+    assert models.bytes_per_token(prepared_model, "float32", "awq") is None  # not known: no figure rather than a wrong one
+    assert cli.cmd_models_list(SimpleNamespace()) == 0
+    out = capsys.readouterr().out
+    assert "float32 safetensors, dequantized from SmolLM2-135M-Instruct.Q4_1.gguf" in out
+    assert 'read per token: float32 538 MB, bfloat16 269 MB, int4 (quantization = "termchat_int4") 123 MB' in out

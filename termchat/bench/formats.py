@@ -38,7 +38,7 @@ from pathlib import Path
 
 from termchat import models
 from termchat.bench.prompt_sets import builtin
-from termchat.bench.roofline import read_bandwidth, weight_count
+from termchat.bench.roofline import read_bandwidth
 from termchat.engine.client import Sampling, complete_sync
 from termchat.engine.connect import open_engine
 from termchat.errors import UserError
@@ -95,14 +95,10 @@ def variants(names: list[str]) -> dict:
         raise SystemExit(str(exc)) from None
 
 
-def bytes_per_step(name: str, weights: int, head: int) -> float:
-    """Weight bytes one decode step reads (the embedding lookup reads a row only)."""
-    layers = weights - head
-    if name == "int4":
-        return layers * (0.5 + 4 / 32) + head * 2  # codes, bf16 scale and zero per 32; bf16 head
-    if name == "int4-f32head":
-        return layers * (0.5 + 4 / 32) + head * 4
-    return weights * (2 if name == "bfloat16" else 4)
+def bytes_per_step(profile) -> float:
+    """Weight bytes one decode step of this format's engine reads."""
+    folder = Path(models.resolve(profile.model))
+    return models.bytes_per_token(folder, profile.dtype, profile.engine_args.get("quantization"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     ref_greedy, _, ref_scored = first["float32"]
     tokens = sum(n for _, n in ref_scored)
     ref_mean = sum(s for s, _ in ref_scored) / tokens
-    folder = Path(models.resolve(profiles["float32"].model))
-    weights, head = weight_count(folder), 49152 * 576  # the tied embedding / output layer of the default model
     bandwidth = read_bandwidth()
     print(f"\n{len(prompts)} built-in prompts ({args.per_category} per category), plain decoding, greedy; "
           f"{tokens} tokens of float32's replies scored; memory read {bandwidth / 1e9:.1f} GB/s\n")
@@ -145,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     a = statistics.median(speeds["float32"])
     row(f"decode tok/s (median of {args.runs} run(s))", [f"{statistics.median(speeds[n]):.1f}" for n in names])
     row("speed-up over float32", [f"{statistics.median(speeds[n]) / a:.2f}x" for n in names])
-    row("weight bytes read per step", [f"{bytes_per_step(n, weights, head) / 1e6:.0f} MB" for n in names])
-    row("share of the memory limit reached", [f"{statistics.median(speeds[n]) * bytes_per_step(n, weights, head) / bandwidth:.0%}" for n in names])
+    row("weight bytes read per step", [f"{bytes_per_step(profiles[n]) / 1e6:.0f} MB" for n in names])
+    row("share of the memory limit reached", [f"{statistics.median(speeds[n]) * bytes_per_step(profiles[n]) / bandwidth:.0%}" for n in names])
     verdicts = {}
     for n in names:
         greedy, long, scored = first[n]

@@ -14,8 +14,6 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-
 
 def read_bandwidth() -> float:
     """Bytes per second this machine reads from memory: the best of ten sums
@@ -36,17 +34,9 @@ def read_bandwidth() -> float:
 
 def weight_count(folder: Path) -> int:
     """The model's parameters, from its safetensors files' headers."""
-    from safetensors import safe_open
+    from termchat import models
 
-    total = 0
-    for file in folder.glob("*.safetensors"):
-        with safe_open(str(file), "pt") as handle:
-            for key in handle.keys():
-                count = 1
-                for n in handle.get_slice(key).get_shape():
-                    count *= n
-                total += count
-    return total
+    return models.weight_counts(folder)[0]
 
 
 @dataclass
@@ -73,11 +63,14 @@ def for_profile(profile) -> Roofline | None:
     if config is None or not folder.is_dir() or not any(folder.glob("*.safetensors")):
         return None
     dtype = profile.dtype if profile.dtype and profile.dtype != "auto" else config.get("dtype") or config.get("torch_dtype") or "float32"
-    size = DTYPE_BYTES.get(str(dtype), 4)
+    size = models.DTYPE_BYTES.get(str(dtype), 4)  # the KV cache keeps the activations' dtype
+    weights = models.bytes_per_token(folder, str(dtype), profile.engine_args.get("quantization"))
+    if weights is None:  # a quantization whose bytes termchat does not know: no roofline, not a wrong one
+        return None
     heads = config.get("num_key_value_heads") or config.get("num_attention_heads", 0)
     head_dim = config.get("head_dim") or config.get("hidden_size", 0) // max(1, config.get("num_attention_heads", 1))
     kv = 2 * config.get("num_hidden_layers", 0) * heads * head_dim * size  # K and V, every layer
-    return Roofline(weight_count(folder) * size, kv)
+    return Roofline(int(weights), kv)
 
 
 def report(profile, samples, bandwidth: float) -> str | None:

@@ -160,11 +160,64 @@ def prepare(name: str = "termchat:smollm2-135m-instruct", quiet: bool = False) -
             shutil.rmtree(work, ignore_errors=True)
 
 
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+INT4_BYTES = 0.5 + 4 / 32  # a code, and a bfloat16 scale and zero per 32 (engine/vllm_int4.py)
+# quantization -> bytes per weight of the output layer (the layers: INT4_BYTES)
+INT4_HEADS = {"termchat_int4": 2, "termchat_int4_f32head": 4}
+
+
+def weight_counts(folder: Path) -> tuple[int, int, int]:
+    """(all parameters, the embedding's, a separate output layer's: 0 when tied),
+    from the safetensors headers."""
+    from safetensors import safe_open
+
+    total = embed = head = 0
+    for file in folder.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as handle:
+            for key in handle.keys():
+                count = 1
+                for n in handle.get_slice(key).get_shape():
+                    count *= n
+                total += count
+                embed += count if "embed_tokens" in key else 0
+                head += count if "lm_head" in key else 0
+    return total, embed, head
+
+
+def bytes_per_token(folder: Path, dtype: str = "float32", quantization: str | None = None) -> float | None:
+    """Weight bytes one decode step reads: every layer, and the output layer (the
+    embedding when tied; a lookup reads only its rows). None for a quantization
+    termchat does not know (unknown, not guessed)."""
+    total, embed, head = weight_counts(folder)
+    output = head or embed
+    layers = total - embed - head
+    if quantization in INT4_HEADS:
+        return layers * INT4_BYTES + output * INT4_HEADS[quantization]
+    if quantization:
+        return None
+    return (layers + output) * DTYPE_BYTES.get(str(dtype), 4)
+
+
 def listing() -> list[dict]:
-    """What is prepared and where, for `termchat models list`."""
+    """What is prepared and where, for `termchat models list`: its format on disk
+    and the bytes a decode step reads in each format termchat serves."""
     rows = []
     for name, model in BUILTIN.items():
         path = folder(name)
+        prepared = is_prepared(name)
         size = sum(f.stat().st_size for f in path.glob("*") if f.is_file()) if path.exists() else 0
-        rows.append({"name": name, "prepared": is_prepared(name), "path": str(path), "bytes": size, "summary": model.summary})
+        row = {"name": name, "prepared": prepared, "path": str(path), "bytes": size, "summary": model.summary}
+        if prepared:
+            try:
+                source = json.loads((path / "termchat-source.json").read_text())
+            except (OSError, ValueError):
+                source = {}
+            file = source.get("file") if isinstance(source, dict) and isinstance(source.get("file"), str) else None
+            row["format"] = "float32 safetensors" + (f", dequantized from {file}" if file else "")
+            row["per_token"] = {
+                "float32": bytes_per_token(path, "float32"),
+                "bfloat16": bytes_per_token(path, "bfloat16"),
+                'int4 (quantization = "termchat_int4")': bytes_per_token(path, "float32", "termchat_int4"),
+            }
+        rows.append(row)
     return rows
