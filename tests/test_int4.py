@@ -112,12 +112,12 @@ def test_models_list_says_the_format_on_disk_and_the_bytes_each_format_reads_per
 
     from termchat import cli, models
 
-    total, embed, head = models.weight_counts(prepared_model)
+    counts = total, embed, head = models.weight_counts(prepared_model)
     assert (embed, head) == (49152 * 576, 0)  # tied: the output layer is the embedding
-    assert models.bytes_per_token(prepared_model) == total * 4
-    assert models.bytes_per_token(prepared_model, "bfloat16") == total * 2
-    assert models.bytes_per_token(prepared_model, "float32", "termchat_int4") == (total - embed) * 0.625 + embed * 2
-    assert models.bytes_per_token(prepared_model, "float32", "awq") is None  # not known: no figure rather than a wrong one
+    assert models.bytes_per_token(counts) == total * 4
+    assert models.bytes_per_token(counts, "bfloat16") == total * 2
+    assert models.bytes_per_token(counts, "float32", "termchat_int4") == (total - embed) * 0.625 + embed * 2
+    assert models.bytes_per_token(counts, "float32", "awq") is None  # not known: no figure rather than a wrong one
     assert cli.cmd_models_list(SimpleNamespace()) == 0
     out = capsys.readouterr().out
     assert "float32 safetensors, dequantized from SmolLM2-135M-Instruct.Q4_1.gguf" in out

@@ -34,15 +34,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
-from termchat import models
 from termchat.bench.prompt_sets import builtin
+from termchat.bench import roofline
 from termchat.bench.roofline import read_bandwidth
 from termchat.engine.client import Sampling, complete_sync
 from termchat.engine.connect import open_engine
 from termchat.errors import UserError
-from termchat.profiles import builtin_profiles, in_format
+from termchat.profiles import WEIGHT_FORMATS, builtin_profiles, in_format
 
 GUARD_TOKENS = 64
 LOGPROB_LIMIT = 0.01  # relative
@@ -95,12 +94,6 @@ def variants(names: list[str]) -> dict:
         raise SystemExit(str(exc)) from None
 
 
-def bytes_per_step(profile) -> float:
-    """Weight bytes one decode step of this format's engine reads."""
-    folder = Path(models.resolve(profile.model))
-    return models.bytes_per_token(folder, profile.dtype, profile.engine_args.get("quantization"))
-
-
 def main(argv: list[str] | None = None) -> int:
     from termchat.bench.repetition import distinct_2, parses
     from termchat.chat.loops import loops
@@ -109,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m termchat.bench.formats", description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-category", type=int, default=4)
     parser.add_argument("--runs", type=int, default=1, help="alternations of the engines for the speed figure")
-    parser.add_argument("--formats", default="bfloat16,int4", help="variants beside float32 (bfloat16, int4, int4-f32head)")
+    parser.add_argument("--formats", default="bfloat16,int4", help=f"variants beside float32 (of {', '.join(WEIGHT_FORMATS)})")
     args = parser.parse_args(argv)
     profiles = variants([n.strip() for n in args.formats.split(",") if n.strip() and n.strip() != "float32"])
     by_category: dict[str, list] = {}
@@ -131,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = sum(n for _, n in ref_scored)
     ref_mean = sum(s for s, _ in ref_scored) / tokens
     bandwidth = read_bandwidth()
+    step_bytes = {n: roofline.for_profile(p).weight_bytes for n, p in profiles.items()}
     print(f"\n{len(prompts)} built-in prompts ({args.per_category} per category), plain decoding, greedy; "
           f"{tokens} tokens of float32's replies scored; memory read {bandwidth / 1e9:.1f} GB/s\n")
     names = list(profiles)
@@ -139,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     a = statistics.median(speeds["float32"])
     row(f"decode tok/s (median of {args.runs} run(s))", [f"{statistics.median(speeds[n]):.1f}" for n in names])
     row("speed-up over float32", [f"{statistics.median(speeds[n]) / a:.2f}x" for n in names])
-    row("weight bytes read per step", [f"{bytes_per_step(profiles[n]) / 1e6:.0f} MB" for n in names])
-    row("share of the memory limit reached", [f"{statistics.median(speeds[n]) * bytes_per_step(profiles[n]) / bandwidth:.0%}" for n in names])
+    row("weight bytes read per step", [f"{step_bytes[n] / 1e6:.0f} MB" for n in names])
+    row("share of the memory limit reached", [f"{statistics.median(speeds[n]) * step_bytes[n] / bandwidth:.0%}" for n in names])
     verdicts = {}
     for n in names:
         greedy, long, scored = first[n]

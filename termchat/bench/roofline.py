@@ -32,13 +32,6 @@ def read_bandwidth() -> float:
     return best
 
 
-def weight_count(folder: Path) -> int:
-    """The model's parameters, from its safetensors files' headers."""
-    from termchat import models
-
-    return models.weight_counts(folder)[0]
-
-
 @dataclass
 class Roofline:
     weight_bytes: int  # read once per step
@@ -64,7 +57,7 @@ def for_profile(profile) -> Roofline | None:
         return None
     dtype = profile.dtype if profile.dtype and profile.dtype != "auto" else config.get("dtype") or config.get("torch_dtype") or "float32"
     size = models.DTYPE_BYTES.get(str(dtype), 4)  # the KV cache keeps the activations' dtype
-    weights = models.bytes_per_token(folder, str(dtype), profile.engine_args.get("quantization"))
+    weights = models.bytes_per_token(models.weight_counts(folder), str(dtype), profile.engine_args.get("quantization"))
     if weights is None:  # a quantization whose bytes termchat does not know: no roofline, not a wrong one
         return None
     heads = config.get("num_key_value_heads") or config.get("num_attention_heads", 0)

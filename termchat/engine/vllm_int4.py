@@ -62,8 +62,8 @@ def pack(weight, group: int = GROUP):
 
 
 def supported(weight, group: int = GROUP) -> bool:
-    n, k = weight.shape
-    return weight.dim() == 2 and k % group == 0 and n % 8 == 0
+    """A matrix the kernel takes (a 3-D expert weight or a ragged shape is not)."""
+    return weight.dim() == 2 and weight.shape[1] % group == 0 and weight.shape[0] % 8 == 0
 
 
 def register() -> bool:

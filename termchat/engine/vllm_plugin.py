@@ -19,9 +19,10 @@ own code. One line in the engine log says what was replaced.
 
 Also (sample_by_position): a seeded request's noise keyed by (seed, output
 position) instead of drawn step by step, so that a seed gives the same reply
-whatever the drafts, with or without speculation. (use_cpu_norm_kernels): RMSNorm on vLLM's own C++ CPU kernels, which
-vLLM registers for GPUs only. And (load_cpu_compile_cache): a compiled
-engine's cache, which vLLM 0.32 writes on the CPU but cannot read back.
+whatever the drafts, with or without speculation. (use_cpu_norm_kernels):
+RMSNorm on vLLM's own C++ CPU kernels, which vLLM registers for GPUs only.
+And (load_cpu_compile_cache): a compiled engine's cache, which vLLM 0.32
+writes on the CPU but cannot read back.
 
 Nothing here imports the rest of termchat (but its sibling vllm_int4, the
 `termchat_int4` quantization it registers), and nothing runs at import time.
@@ -500,19 +501,12 @@ def sample_by_position() -> bool:
             starts = [0]
             for count in num_draft_tokens:
                 starts.append(starts[-1] + count)
-            index = [starts[req] + pos for req in seeded for pos in range(num_draft_tokens[req])]
-            picked = target_logits[torch.tensor(index, dtype=torch.long, device=target_logits.device)]
-            generators = {}
-            for req in seeded:  # one row per draft position, keyed by that position
-                generator = sampling_metadata.generators[req]
-                for pos in range(num_draft_tokens[req]):
-                    generators[len(generators)] = generator
-            offsets = [pos for req in seeded for pos in range(num_draft_tokens[req])]
-            sampled = forward_cpu(sampler, picked, keyed_generators(generators, offsets), None, None)[0].tolist()
-            cursor = 0
-            for req in seeded:
-                rows[req] = sampled[cursor:cursor + num_draft_tokens[req]]
-                cursor += num_draft_tokens[req]
+            slots = [(req, pos) for req in seeded for pos in range(num_draft_tokens[req])]  # one row per draft position
+            picked = target_logits[torch.tensor([starts[req] + pos for req, pos in slots], dtype=torch.long, device=target_logits.device)]
+            generators = {row: sampling_metadata.generators[req] for row, (req, _) in enumerate(slots)}
+            sampled = forward_cpu(sampler, picked, keyed_generators(generators, [pos for _, pos in slots]), None, None)[0].tolist()
+            for (req, _), token in zip(slots, sampled):
+                rows.setdefault(req, []).append(token)
         output = rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                                   target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
         if rows:

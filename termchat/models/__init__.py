@@ -184,11 +184,11 @@ def weight_counts(folder: Path) -> tuple[int, int, int]:
     return total, embed, head
 
 
-def bytes_per_token(folder: Path, dtype: str = "float32", quantization: str | None = None) -> float | None:
-    """Weight bytes one decode step reads: every layer, and the output layer (the
-    embedding when tied; a lookup reads only its rows). None for a quantization
-    termchat does not know (unknown, not guessed)."""
-    total, embed, head = weight_counts(folder)
+def bytes_per_token(counts: tuple[int, int, int], dtype: str = "float32", quantization: str | None = None) -> float | None:
+    """Weight bytes one decode step reads, from a model's `weight_counts`: every
+    layer, and the output layer (the embedding when tied; a lookup reads only its
+    rows). None for a quantization termchat does not know (unknown, not guessed)."""
+    total, embed, head = counts
     output = head or embed
     layers = total - embed - head
     if quantization in INT4_HEADS:
@@ -214,10 +214,11 @@ def listing() -> list[dict]:
                 source = {}
             file = source.get("file") if isinstance(source, dict) and isinstance(source.get("file"), str) else None
             row["format"] = "float32 safetensors" + (f", dequantized from {file}" if file else "")
+            counts = weight_counts(path)
             row["per_token"] = {
-                "float32": bytes_per_token(path, "float32"),
-                "bfloat16": bytes_per_token(path, "bfloat16"),
-                'int4 (quantization = "termchat_int4")': bytes_per_token(path, "float32", "termchat_int4"),
+                "float32": bytes_per_token(counts, "float32"),
+                "bfloat16": bytes_per_token(counts, "bfloat16"),
+                'int4 (quantization = "termchat_int4")': bytes_per_token(counts, "float32", "termchat_int4"),
             }
         rows.append(row)
     return rows
