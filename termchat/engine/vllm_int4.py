@@ -113,10 +113,12 @@ def register() -> bool:
             shadow = torch.nn.Module()
             shadow.weight = torch.nn.Parameter(layer.weight.data.to(torch.bfloat16), requires_grad=False)
             dispatch_cpu_unquantized_gemm(shadow, remove_weight=True)  # vLLM's own choice of kernel
-            layer.bf16_linear = shadow.cpu_linear  # the packed copy lives in its closure
+            layer.bf16_head = shadow  # oneDNN's packed copy lives in cpu_linear's closure (weight emptied);
+            # without oneDNN's bfloat16 (AVX2 machines) it is torch's linear on shadow.weight
 
         def apply(self, layer, x, bias=None):
-            out = layer.bf16_linear(x.to(torch.bfloat16), None, None).to(x.dtype)
+            head = layer.bf16_head
+            out = head.cpu_linear(x.to(torch.bfloat16), head.weight, None).to(x.dtype)
             return out if bias is None else out + bias
 
     def config_class(name: str, head: str):
