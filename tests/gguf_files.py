@@ -86,7 +86,7 @@ def _encode(weights: np.ndarray, kind: str, rng: np.random.Generator) -> tuple[n
     return raw, quants.dequantize(raw, qtype).reshape(weights.shape).astype(np.float32)
 
 
-def write_llama(path: Path, kind: str, tokenizer_from: Path, seed: int = 0, vocab: int = 1024) -> dict[str, np.ndarray]:
+def write_llama(path: Path, kind: str, tokenizer_from: Path, seed: int = 0, vocab: int = 1024, layers: int = LAYERS) -> dict[str, np.ndarray]:
     """Write a one-layer llama GGUF whose matrices are all of type `kind`
     (norms stay F32, as llama.cpp keeps them); return tensor name -> the float
     values the file holds (GGUF names and layout)."""
@@ -97,7 +97,7 @@ def write_llama(path: Path, kind: str, tokenizer_from: Path, seed: int = 0, voca
     writer.add_name(f"termchat-test-{kind.lower()}")
     writer.add_context_length(2048)
     writer.add_embedding_length(HIDDEN)
-    writer.add_block_count(LAYERS)
+    writer.add_block_count(layers)
     writer.add_feed_forward_length(FFN)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
@@ -110,7 +110,7 @@ def write_llama(path: Path, kind: str, tokenizer_from: Path, seed: int = 0, voca
 
     head_dim = HIDDEN // HEADS
     shapes = {"token_embd.weight": (vocab, HIDDEN), "output_norm.weight": (HIDDEN,)}
-    for i in range(LAYERS):
+    for i in range(layers):
         shapes |= {
             f"blk.{i}.attn_norm.weight": (HIDDEN,),
             f"blk.{i}.attn_q.weight": (HIDDEN, HIDDEN),

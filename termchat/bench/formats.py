@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-category", type=int, default=4)
     parser.add_argument("--runs", type=int, default=1, help="alternations of the engines for the speed figure")
     parser.add_argument("--formats", default="bfloat16,int4", help=f"variants beside float32 (of {', '.join(WEIGHT_FORMATS)})")
+    parser.add_argument("--record", action="store_true", help="record the fastest format that passes the guard as this machine's choice for `weights = \"auto\"`")
     args = parser.parse_args(argv)
     profiles = variants([n.strip() for n in args.formats.split(",") if n.strip() and n.strip() != "float32"])
     by_category: dict[str, list] = {}
@@ -151,10 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     row("code replies' Python blocks that parse", [f"{verdicts[n]['parsed']}/{verdicts[n]['blocks']}" for n in names])
     row(f"greedy first {GUARD_TOKENS} tokens identical to float32's (decides nothing)", [f"{verdicts[n]['identical']}/{len(prompts)}" for n in names])
     ref = verdicts["float32"]
+    passed = {"float32": True}
     for n in names[1:]:
         v = verdicts[n]
-        passed = tokens >= 1000 and v["shift"] <= LOGPROB_LIMIT and v["looped"] <= ref["looped"] and v["d2"] >= ref["d2"] - 0.01 and v["parsed"] >= ref["parsed"]
-        print(f"quality guard, {n}: {'PASS' if passed else 'FAIL'}")
+        passed[n] = tokens >= 1000 and v["shift"] <= LOGPROB_LIMIT and v["looped"] <= ref["looped"] and v["d2"] >= ref["d2"] - 0.01 and v["parsed"] >= ref["parsed"]
+        print(f"quality guard, {n}: {'PASS' if passed[n] else 'FAIL'}")
+    median = {n: statistics.median(speeds[n]) for n in names}
+    best = max((n for n in names if passed[n]), key=median.get)
+    print(f"fastest passing the guard here: {best} ({median[best]:.1f} tok/s, {median[best] / a:.2f}x float32)")
+    if args.record:
+        from termchat.profiles import weights
+
+        weights.record(profiles["float32"].model, best, median, passed, machine_line())
+        print(f'recorded in {weights.record_path()}: `weights = "auto"` runs {best} on this machine')
     return 0
 
 

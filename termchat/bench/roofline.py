@@ -45,9 +45,11 @@ def for_profile(profile) -> Roofline | None:
     """The bytes a plain step of this profile reads; None for a model that is
     not a local folder with safetensors and a config.json (a remote endpoint)."""
     from termchat import models
+    from termchat.profiles import weights
 
     if profile.is_remote:
         return None
+    profile = weights.applied(profile)
     try:
         folder = Path(models.resolve(profile.model))
     except Exception:  # noqa: BLE001: a hub id not prepared here

@@ -32,6 +32,9 @@ def server_command(profile: Profile, port: int | str = "PORT", resolve_model: bo
 
     The API key goes in the environment (VLLM_API_KEY), not on the command
     line, where any local user could read it with `ps`."""
+    from termchat.profiles import weights
+
+    profile = weights.applied(profile)  # `weights = ...`: its dtype and quantization
     model = models.resolve(profile.model) if resolve_model else profile.model
     cmd = [sys.executable, "-m", SERVER_MODULE, "--model", model, "--served-model-name", profile.model]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]

@@ -70,6 +70,9 @@ class Profile:
     max_model_len: int | None = _key(None, "an integer", low=1, high=1 << 30)
     tensor_parallel_size: int | None = _key(None, "an integer", low=1, high=1024)
     quantization: str | None = _key(None, "a string such as 'awq'")
+    # a weight format (WEIGHT_FORMATS) in place of dtype/quantization, or "auto": this
+    # machine's measured choice (profiles/weights.py)
+    weights: str | None = _key(None, "a string: 'auto', 'float32', 'bfloat16', 'int4' or 'int4-f32head'")
     gpu_memory_utilization: float | None = _key(None, "a number", low=0.0, high=1.0, above=True)
     temperature: float = _key(0.7, "a number", low=0.0, high=2.0)
     code_temperature: float = _key(0.2, "a number", low=0.0, high=2.0)
@@ -273,7 +276,7 @@ def in_format(profile: Profile, weights: str) -> Profile:
     args = {k: v for k, v in profile.engine_args.items() if k != "quantization"}
     if "quantization" in change:
         args["quantization"] = change["quantization"]
-    return replace(profile, name=f"format-{weights}", dtype=change.get("dtype", "float32"), engine_args=args)
+    return replace(profile, name=f"format-{weights}", dtype=change.get("dtype", "float32"), quantization=None, engine_args=args)
 
 
 def builtin_profiles() -> dict[str, Profile]:
@@ -387,6 +390,10 @@ def _parse_profile(name: str, table: dict, file: str, problem) -> Profile | None
 
     spec = speculation.parse(values.get("speculative") or {}, {k: values[k] for k in LEGACY_KEYS if k in values}, lambda key, message, sub: bad(key, message, f"{where}.{sub}" if sub else where), _suggest)
 
+    if "weights" in values and values["weights"] not in ("auto", *WEIGHT_FORMATS):
+        bad("weights", f"unknown weight format {values['weights']!r}; use 'auto' (this machine's measured choice) or one of {', '.join(WEIGHT_FORMATS)}")
+    if "weights" in values and "endpoint" in values:
+        bad("weights", "chooses the format of an engine termchat starts; a remote endpoint's server chooses its own. Remove it.")
     if "endpoint" in values and not re.match(r"^https?://", values["endpoint"]):
         bad("endpoint", "must start with http:// or https://")
     if "api_key_env" in values and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", values["api_key_env"]):

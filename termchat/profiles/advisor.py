@@ -150,6 +150,40 @@ def vocab_size(model: str) -> int | None:
     return config.get("vocab_size") if config else None
 
 
+def vocabulary(model: str) -> str | None:
+    """A digest of a local model's tokens and their ids (tokenizer.json's
+    vocabulary and added tokens), or None: two models draft for each other
+    only if theirs are equal, whatever they are called."""
+    import hashlib
+    import json
+
+    folder = _local_folder(model)
+    if folder is None:
+        return None
+    try:
+        tokenizer = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+        vocab = tokenizer["model"]["vocab"]
+        added = sorted((t["id"], t["content"]) for t in tokenizer.get("added_tokens", []))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(vocab, dict):
+        return None
+    return hashlib.sha256(json.dumps([sorted(vocab.items(), key=lambda kv: kv[1]), added], ensure_ascii=False).encode()).hexdigest()
+
+
+def draft_candidates(model: str) -> list[tuple[str, float]]:
+    """termchat's models (packaged or added) with `model`'s vocabulary and
+    fewer parameters: (name, billions), smallest first."""
+    mine, size = vocabulary(model), params_billion(model)
+    if mine is None or size is None:
+        return []
+    found = []
+    for other in [*models.BUILTIN, *models.added_names()]:
+        if other != model and (b := params_billion(other)) is not None and b < size and vocabulary(other) == mine:
+            found.append((other, round(b, 3)))
+    return sorted(found, key=lambda item: item[1])
+
+
 def family(model: str) -> str | None:
     name = model.lower()
     for pattern, label in ((r"llama-?3", "llama-3"), (r"llama-?2", "llama-2"), (r"qwen2\.5|qwen-?2\.5", "qwen2.5"), (r"qwen-?3", "qwen3"), (r"mistral|mixtral", "mistral"), (r"gemma", "gemma"), (r"smollm2", "smollm2"), (r"phi-?3", "phi-3")):
@@ -199,8 +233,20 @@ def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
             else:
                 findings.append(Finding("info", "memory", f"weights ~{need:.0f} GiB of ~{free:.0f} GiB usable: they fit, {free - need:.0f} GiB left for the KV cache"))
 
+    if not profile.is_remote and profile.weights:
+        from termchat.profiles import weights
+
+        fmt, why = weights.choose(profile)
+        findings.append(Finding("warning" if profile.weights != weights.AUTO and fmt != profile.weights else "info", "weights", why))
+
+    if not profile.is_remote and method in (None, "ngram", "suffix"):
+        drafts = draft_candidates(profile.model)
+        if drafts:
+            listed = ", ".join(f"{m} (~{b:g}B)" for m, b in drafts)
+            findings.append(Finding("info", "draft", f"models here with this model's vocabulary (the tokens compared, not the names), smaller: {listed}; try one as method = \"draft_model\" and compare with `termchat bench`"))
+
     if not spec:
-        findings.append(Finding("info", "speculation", "this profile does not speculate; add [profiles.NAME.speculative] to try it"))
+        findings.append(Finding("info", "speculation", "this profile does not speculate; add [profiles.NAME.speculative] with method = \"suffix\" (no draft model needed) to try it"))
         return findings
 
     # temperature (case 2)
@@ -220,7 +266,12 @@ def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
     if draft and not spec.options.get("use_heterogeneous_vocab"):
         a, b = vocab_size(profile.model), vocab_size(draft)
         fa, fb = family(profile.model), family(draft)
-        if a and b and a != b:
+        va, vb = vocabulary(profile.model), vocabulary(draft)
+        if va and vb and va != vb:
+            findings.append(Finding("warning", "vocabulary", "the target's and the draft's tokenizers differ (their tokens and ids compared): drafts cannot be verified token by token. Use a draft with the same tokenizer, or set use_heterogeneous_vocab = true"))
+        elif va and vb:
+            pass  # the same tokens: whatever the names or families say
+        elif a and b and a != b:
             findings.append(Finding("warning", "vocabulary", f"target vocabulary {a} != draft vocabulary {b}: drafts cannot be verified token by token. Use a draft of the same family, or set use_heterogeneous_vocab = true"))
         elif fa and fb and fa != fb:
             findings.append(Finding("warning", "vocabulary", f"target family {fa} and draft family {fb} differ: their vocabularies probably do too. Use a draft of the same family, or set use_heterogeneous_vocab = true"))

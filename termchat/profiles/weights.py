@@ -1,0 +1,116 @@
+"""A profile's weight format: forced (`weights = "int4"`), or `weights = "auto"`,
+the fastest format that `python -m termchat.bench.formats --record` measured
+passing the quality guard on this CPU.
+
+The record is a state file (formats.json, 0600) keyed by the machine (CPU
+model, ISA flags, cores) and the model: a figure from another machine, or one
+that does not parse, is not used (auto then means float32, the reference).
+A format whose kernel this CPU lacks is refused with its reason, and the next
+fastest is taken: by the record's speeds where there is one, else by the bytes
+a step reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import replace
+
+from termchat import paths
+from termchat.engine import proc
+from termchat.errors import UserError
+
+AUTO = "auto"
+# fewest bytes per step first: the order when nothing was measured here
+BY_BYTES = ("int4", "int4-f32head", "bfloat16", "float32")
+
+
+def record_path():
+    return paths.state_dir() / "formats.json"
+
+
+def machine_key() -> str:
+    flags = proc.cpu_flags()
+    isa = " ".join(f for f in proc.ISA_FLAGS if f in flags) or "no AVX2"
+    return f"{proc.cpu_model()} | {isa} | {os.cpu_count()} cores"
+
+
+def refusal(fmt: str) -> str | None:
+    """Why this CPU cannot run `fmt` well, in one line, or None."""
+    if fmt.startswith("int4"):
+        flags = proc.cpu_flags()
+        if "avx2" not in flags and "avx512f" not in flags:
+            return f"{fmt} needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU ({proc.cpu_model()}) has neither"
+    return None
+
+
+def _read() -> dict:
+    raw = paths.read_private(record_path(), limit=1 << 20)
+    if raw is None:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def recorded(model: str) -> dict | None:
+    """This machine's measured choice for `model`: {"format", "tok_s", ...},
+    checked where it enters; None when there is none or it does not hold up."""
+    from termchat.profiles import WEIGHT_FORMATS
+
+    entry = _read().get(machine_key(), {})
+    entry = entry.get(model) if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or entry.get("format") not in WEIGHT_FORMATS:
+        return None
+    speeds = entry.get("tok_s")
+    if not isinstance(speeds, dict) or not all(k in WEIGHT_FORMATS and isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for k, v in speeds.items()):
+        return None
+    return entry
+
+
+def record(model: str, choice: str, speeds: dict[str, float], passed: dict[str, bool], machine: str) -> None:
+    data = _read()
+    mine = data.get(machine_key())
+    mine = mine if isinstance(mine, dict) else {}
+    mine[model] = {"format": choice, "tok_s": {k: round(v, 2) for k, v in speeds.items()}, "guard": passed, "measured_at": time.time(), "machine": machine}
+    data[machine_key()] = mine
+    paths.private_dir(record_path().parent)
+    paths.write_private(record_path(), json.dumps(data, indent=2).encode())
+
+
+def choose(profile) -> tuple[str, str]:
+    """(the format the profile's engine runs, why), or ("", "") when the profile
+    names no format (its dtype and quantization stand as written)."""
+    wanted = profile.weights
+    if wanted is None:
+        return "", ""
+    entry = recorded(profile.model)
+    order = sorted(entry["tok_s"], key=lambda k: -entry["tok_s"][k]) if entry else list(BY_BYTES)
+    if wanted == AUTO:
+        if entry is None:
+            return "float32", "weights = \"auto\": nothing measured on this machine yet, so float32 (run `python -m termchat.bench.formats --record`)"
+        wanted, why = entry["format"], f"weights = \"auto\": {entry['format']}, measured fastest here passing the quality guard"
+    else:
+        why = f"weights = \"{wanted}\""
+    reason = refusal(wanted)
+    if reason is None:
+        return wanted, why
+    fallback = next((f for f in order if f != wanted and refusal(f) is None and (entry is None or entry.get("guard", {}).get(f, f == "float32"))), "float32")
+    return fallback, f"{reason}: {fallback} instead"
+
+
+def applied(profile):
+    """The profile as its engine runs it: its weight format's dtype and
+    quantization in place of its own (profiles.WEIGHT_FORMATS), same name."""
+    from termchat.profiles import in_format
+
+    fmt, _ = choose(profile)
+    if not fmt:
+        return profile
+    if profile.is_remote:
+        raise UserError(f"profile '{profile.name}': `weights` chooses the format of an engine termchat starts; a remote endpoint's server chooses its own. Remove it.")
+    return replace(in_format(profile, fmt), name=profile.name)

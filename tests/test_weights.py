@@ -1,0 +1,84 @@
+"""`weights = "auto" | FORMAT` in a profile (profiles/weights.py): the format
+a profile's engine runs, forced or measured on this machine, a missing kernel
+refused with its reason, and the state file checked where it enters."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from termchat import paths
+from termchat.engine import proc
+from termchat.engine.command import server_command
+from termchat.profiles import builtin_profiles, parse_config, weights
+
+MODEL = "termchat:smollm2-135m-instruct"
+
+
+@pytest.fixture()
+def clean_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(weights, "record_path", lambda: tmp_path / "state" / "formats.json")
+    return tmp_path / "state" / "formats.json"
+
+
+def local(**keys):
+    return replace(builtin_profiles()["local-plain"], **keys)
+
+
+def test_a_config_names_a_known_format_or_gets_the_line_that_does_not():
+    text = '[profiles.a]\nmodel = "x"\nweights = "int4"\n\n[profiles.b]\nmodel = "x"\nweights = "int5"\n\n[profiles.c]\nendpoint = "http://h:1/v1"\nweights = "auto"\n'
+    config, problems = parse_config(text, "c.toml")
+    assert config.profiles["a"].weights == "int4"
+    assert [str(p) for p in problems] == [
+        "c.toml:7: profiles.b.weights: unknown weight format 'int5'; use 'auto' (this machine's measured choice) or one of float32, bfloat16, int4, int4-f32head",
+        "c.toml:11: profiles.c.weights: chooses the format of an engine termchat starts; a remote endpoint's server chooses its own. Remove it.",
+    ]
+
+
+def test_a_forced_format_is_what_the_engine_runs_under_the_profiles_own_name(clean_record):
+    cmd = server_command(local(weights="int4"), resolve_model=False)
+    assert cmd[cmd.index("--quantization") + 1] == "termchat_int4" and cmd[cmd.index("--dtype") + 1] == "float32"
+    cmd = server_command(local(weights="bfloat16", quantization="awq"), resolve_model=False)
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16" and "--quantization" not in cmd  # the format replaces both
+    plain = server_command(local(), resolve_model=False)
+    assert "--quantization" not in plain and plain[plain.index("--dtype") + 1] == "float32"  # no `weights`: as written
+    assert weights.applied(local(weights="int4")).name == "local-plain"
+
+
+def test_auto_is_the_recorded_choice_of_this_machine_and_float32_when_there_is_none(clean_record):
+    assert weights.choose(local(weights="auto")) == ("float32", 'weights = "auto": nothing measured on this machine yet, so float32 (run `python -m termchat.bench.formats --record`)')
+    weights.record(MODEL, "int4", {"float32": 14.4, "int4": 30.1, "bfloat16": 20.0}, {"float32": True, "int4": True, "bfloat16": True}, "machine: test")
+    assert clean_record.stat().st_mode & 0o777 == 0o600
+    assert weights.choose(local(weights="auto")) == ("int4", 'weights = "auto": int4, measured fastest here passing the quality guard')
+    assert weights.choose(replace(local(weights="auto"), model="termchat:other")) [0] == "float32"  # recorded for another model
+
+
+def test_a_record_from_another_machine_or_that_does_not_hold_up_is_not_used(clean_record):
+    weights.record(MODEL, "int4", {"float32": 14.4, "int4": 30.1}, {"float32": True, "int4": True}, "machine: test")
+    data = json.loads(clean_record.read_text())
+    mine = data.pop(weights.machine_key())
+    data["Some Other CPU | avx2 avx512f | 64 cores"] = mine  # copied from another machine
+    paths.write_private(clean_record, json.dumps(data).encode())
+    assert weights.recorded(MODEL) is None
+    for bad in ({"format": "int3", "tok_s": {"int3": 1.0}}, {"format": "int4", "tok_s": {"int4": float("nan")}}, {"format": "int4", "tok_s": "fast"}, ["int4"]):
+        paths.write_private(clean_record, json.dumps({weights.machine_key(): {MODEL: bad}}).encode())
+        assert weights.recorded(MODEL) is None and weights.choose(local(weights="auto"))[0] == "float32", bad
+    clean_record.write_bytes(b"\xff{not json")
+    assert weights.choose(local(weights="auto"))[0] == "float32"
+
+
+def test_a_format_whose_kernel_this_cpu_lacks_is_refused_and_the_next_fastest_taken(clean_record, monkeypatch):
+    from termchat.profiles.advisor import check
+
+    monkeypatch.setattr(proc, "cpu_flags", lambda: {"sse4_2"})
+    monkeypatch.setattr(proc, "cpu_model", lambda: "Old CPU")
+    fmt, why = weights.choose(local(weights="int4"))
+    assert (fmt, why) == ("bfloat16", "int4 needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU (Old CPU) has neither: bfloat16 instead")
+    weights.record(MODEL, "int4", {"float32": 14.4, "int4": 30.1, "int4-f32head": 25.0, "bfloat16": 12.0}, {"float32": True, "int4": True, "int4-f32head": True, "bfloat16": True}, "m")
+    assert weights.choose(local(weights="auto"))[0] == "float32"  # by the record's speeds: int4-f32head refused too, bfloat16 slower than float32
+    cmd = server_command(local(weights="int4"), resolve_model=False)
+    assert "--quantization" not in cmd
+    findings = [f for f in check(local(weights="int4"), gpu_list=[]) if f.rule == "weights"]
+    assert [(f.level, f.message) for f in findings] == [("warning", "int4 needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU (Old CPU) has neither: float32 instead")]
