@@ -10,7 +10,6 @@ from dataclasses import replace
 import pytest
 
 from termchat import paths
-from termchat.engine import proc
 from termchat.engine.command import server_command
 from termchat.profiles import builtin_profiles, parse_config, weights
 
@@ -72,8 +71,7 @@ def test_a_record_from_another_machine_or_that_does_not_hold_up_is_not_used(clea
 def test_a_format_whose_kernel_this_cpu_lacks_is_refused_and_the_next_fastest_taken(clean_record, monkeypatch):
     from termchat.profiles.advisor import check
 
-    monkeypatch.setattr(proc, "cpu_flags", lambda: {"sse4_2"})
-    monkeypatch.setattr(proc, "cpu_model", lambda: "Old CPU")
+    monkeypatch.setattr(weights, "cpu", lambda: ("Old CPU", {"sse4_2"}))
     fmt, why = weights.choose(local(weights="int4"))
     assert (fmt, why) == ("bfloat16", "int4 needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU (Old CPU) has neither: bfloat16 instead")
     weights.record(MODEL, "int4", {"float32": 14.4, "int4": 30.1, "int4-f32head": 25.0, "bfloat16": 12.0}, {"float32": True, "int4": True, "int4-f32head": True, "bfloat16": True}, "m")
