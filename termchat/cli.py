@@ -285,11 +285,12 @@ def cmd_classify(args) -> int:
 
 
 def cmd_doctor(args) -> int:
+    from termchat.engine import weights
     from termchat.profiles.advisor import check
 
     profile = _config(args).get(args.profile)
     print(inert(f"profile {profile.name}: {profile.model}" + (f" + {profile.speculative.label()}" if profile.speculative else "")))
-    findings = check(profile)
+    findings = check(profile) + [f for f in [weights.finding(profile)] if f]
     for finding in findings:
         print(inert(f"  {finding}"))
     warnings = sum(f.level == "warning" for f in findings)

@@ -1,4 +1,4 @@
-"""`weights = "auto" | FORMAT` in a profile (profiles/weights.py): the format
+"""`weights = "auto" | FORMAT` in a profile (engine/weights.py): the format
 a profile's engine runs, forced or measured on this machine, a missing kernel
 refused with its reason, and the state file checked where it enters."""
 
@@ -10,8 +10,10 @@ from dataclasses import replace
 import pytest
 
 from termchat import paths
+from termchat.engine import proc
 from termchat.engine.command import server_command
-from termchat.profiles import builtin_profiles, parse_config, weights
+from termchat.engine import weights
+from termchat.profiles import builtin_profiles, parse_config
 
 MODEL = "termchat:smollm2-135m-instruct"
 
@@ -69,14 +71,13 @@ def test_a_record_from_another_machine_or_that_does_not_hold_up_is_not_used(clea
 
 
 def test_a_format_whose_kernel_this_cpu_lacks_is_refused_and_the_next_fastest_taken(clean_record, monkeypatch):
-    from termchat.profiles.advisor import check
-
-    monkeypatch.setattr(weights, "cpu", lambda: ("Old CPU", {"sse4_2"}))
+    monkeypatch.setattr(proc, "cpu_flags", lambda: {"sse4_2"})
+    monkeypatch.setattr(proc, "cpu_model", lambda: "Old CPU")
     fmt, why = weights.choose(local(weights="int4"))
     assert (fmt, why) == ("bfloat16", "int4 needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU (Old CPU) has neither: bfloat16 instead")
     weights.record(MODEL, "int4", {"float32": 14.4, "int4": 30.1, "int4-f32head": 25.0, "bfloat16": 12.0}, {"float32": True, "int4": True, "int4-f32head": True, "bfloat16": True}, "m")
     assert weights.choose(local(weights="auto"))[0] == "float32"  # by the record's speeds: int4-f32head refused too, bfloat16 slower than float32
     cmd = server_command(local(weights="int4"), resolve_model=False)
     assert "--quantization" not in cmd
-    findings = [f for f in check(local(weights="int4"), gpu_list=[]) if f.rule == "weights"]
+    findings = [weights.finding(local(weights="int4"))]
     assert [(f.level, f.message) for f in findings] == [("warning", "int4 needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU (Old CPU) has neither: float32 instead")]

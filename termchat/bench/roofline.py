@@ -45,7 +45,7 @@ def for_profile(profile) -> Roofline | None:
     """The bytes a plain step of this profile reads; None for a model that is
     not a local folder with safetensors and a config.json (a remote endpoint)."""
     from termchat import models
-    from termchat.profiles import weights
+    from termchat.engine import weights
 
     if profile.is_remote:
         return None

@@ -32,7 +32,7 @@ def server_command(profile: Profile, port: int | str = "PORT", resolve_model: bo
 
     The API key goes in the environment (VLLM_API_KEY), not on the command
     line, where any local user could read it with `ps`."""
-    from termchat.profiles import weights
+    from termchat.engine import weights
 
     profile = weights.applied(profile)  # `weights = ...`: its dtype and quantization
     model = models.resolve(profile.model) if resolve_model else profile.model

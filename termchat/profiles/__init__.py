@@ -71,7 +71,7 @@ class Profile:
     tensor_parallel_size: int | None = _key(None, "an integer", low=1, high=1024)
     quantization: str | None = _key(None, "a string such as 'awq'")
     # a weight format (WEIGHT_FORMATS) in place of dtype/quantization, or "auto": this
-    # machine's measured choice (profiles/weights.py)
+    # machine's measured choice (engine/weights.py)
     weights: str | None = _key(None, "a string: 'auto', 'float32', 'bfloat16', 'int4' or 'int4-f32head'")
     gpu_memory_utilization: float | None = _key(None, "a number", low=0.0, high=1.0, above=True)
     temperature: float = _key(0.7, "a number", low=0.0, high=2.0)

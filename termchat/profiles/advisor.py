@@ -233,12 +233,6 @@ def check(profile: Profile, gpu_list: list[Gpu] | None = None) -> list[Finding]:
             else:
                 findings.append(Finding("info", "memory", f"weights ~{need:.0f} GiB of ~{free:.0f} GiB usable: they fit, {free - need:.0f} GiB left for the KV cache"))
 
-    if not profile.is_remote and profile.weights:
-        from termchat.profiles import weights
-
-        fmt, why = weights.choose(profile)
-        findings.append(Finding("warning" if profile.weights != weights.AUTO and fmt != profile.weights else "info", "weights", why))
-
     if not profile.is_remote and method in (None, "ngram", "suffix"):
         drafts = draft_candidates(profile.model)
         if drafts:

@@ -19,6 +19,7 @@ import time
 from dataclasses import replace
 
 from termchat import paths
+from termchat.engine import proc
 from termchat.errors import UserError
 
 AUTO = "auto"
@@ -26,37 +27,22 @@ AUTO = "auto"
 BY_BYTES = ("int4", "int4-f32head", "bfloat16", "float32")
 
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-
-
-def cpu() -> tuple[str, set[str]]:
-    """(model name, flags) from /proc/cpuinfo: profiles sit below engine/, so
-    this reads the file itself rather than engine.proc."""
-    try:
-        text = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read(1 << 20)
-    except OSError:
-        return "unknown CPU", set()
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown CPU")
-    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
-    return model, flags
-
-
 def record_path():
     return paths.state_dir() / "formats.json"
 
 
 def machine_key() -> str:
-    model, flags = cpu()
-    isa = " ".join(f for f in ISA_FLAGS if f in flags) or "no AVX2"
-    return f"{model} | {isa} | {os.cpu_count()} cores"
+    flags = proc.cpu_flags()
+    isa = " ".join(f for f in proc.ISA_FLAGS if f in flags) or "no AVX2"
+    return f"{proc.cpu_model()} | {isa} | {os.cpu_count()} cores"
 
 
 def refusal(fmt: str) -> str | None:
     """Why this CPU cannot run `fmt` well, in one line, or None."""
     if fmt.startswith("int4"):
-        model, flags = cpu()
+        flags = proc.cpu_flags()
         if "avx2" not in flags and "avx512f" not in flags:
-            return f"{fmt} needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU ({model}) has neither"
+            return f"{fmt} needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU ({proc.cpu_model()}) has neither"
     return None
 
 
@@ -115,6 +101,17 @@ def choose(profile) -> tuple[str, str]:
         return wanted, why
     fallback = next((f for f in order if f != wanted and refusal(f) is None and (entry is None or entry.get("guard", {}).get(f, f == "float32"))), "float32")
     return fallback, f"{reason}: {fallback} instead"
+
+
+def finding(profile):
+    """doctor's line on the profile's weight format: a warning when a forced
+    format is refused here, else the choice and why; None without `weights`."""
+    from termchat.profiles.advisor import Finding
+
+    if profile.is_remote or not profile.weights:
+        return None
+    fmt, why = choose(profile)
+    return Finding("warning" if profile.weights != AUTO and fmt != profile.weights else "info", "weights", why)
 
 
 def applied(profile):
