@@ -131,11 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     names = list(profiles)
     print("| | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
     row = lambda label, cells: print(f"| {label} | " + " | ".join(cells) + " |")  # noqa: E731
-    a = statistics.median(speeds["float32"])
-    row(f"decode tok/s (median of {args.runs} run(s))", [f"{statistics.median(speeds[n]):.1f}" for n in names])
-    row("speed-up over float32", [f"{statistics.median(speeds[n]) / a:.2f}x" for n in names])
+    median = {n: statistics.median(speeds[n]) for n in names}
+    a = median["float32"]
+    row(f"decode tok/s (median of {args.runs} run(s))", [f"{median[n]:.1f}" for n in names])
+    row("speed-up over float32", [f"{median[n] / a:.2f}x" for n in names])
     row("weight bytes read per step", [f"{step_bytes[n] / 1e6:.0f} MB" for n in names])
-    row("share of the memory limit reached", [f"{statistics.median(speeds[n]) * step_bytes[n] / bandwidth:.0%}" for n in names])
+    row("share of the memory limit reached", [f"{median[n] * step_bytes[n] / bandwidth:.0%}" for n in names])
     verdicts = {}
     for n in names:
         greedy, long, scored = first[n]
@@ -157,11 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         v = verdicts[n]
         passed[n] = tokens >= 1000 and v["shift"] <= LOGPROB_LIMIT and v["looped"] <= ref["looped"] and v["d2"] >= ref["d2"] - 0.01 and v["parsed"] >= ref["parsed"]
         print(f"quality guard, {n}: {'PASS' if passed[n] else 'FAIL'}")
-    median = {n: statistics.median(speeds[n]) for n in names}
     best = max((n for n in names if passed[n]), key=median.get)
     print(f"fastest passing the guard here: {best} ({median[best]:.1f} tok/s, {median[best] / a:.2f}x float32)")
     if args.record:
-        from termchat.profiles import weights
+        from termchat.engine import weights
 
         weights.record(profiles["float32"].model, best, median, passed, machine_line())
         print(f'recorded in {weights.record_path()}: `weights = "auto"` runs {best} on this machine')

@@ -65,20 +65,14 @@ def float32_linear(ops, weight):
 def bfloat16_linear(ops, weight):
     """vLLM's choice for bfloat16 weights: oneDNN, which needs AVX512-BF16 or AMX
     to have a bfloat16 kernel; without them vLLM falls back to torch's linear."""
-    w16 = weight.to(torch_bf16())
+    import torch
+
+    w16 = weight.to(torch.bfloat16)
     try:
         handler = ops.create_onednn_mm(w16.t(), 32)
         return (lambda x: ops.onednn_mm(handler, x.to(w16.dtype), None).float()), w16.float(), "oneDNN"
     except RuntimeError:
-        import torch
-
         return (lambda x: torch.nn.functional.linear(x.to(w16.dtype), w16).float()), w16.float(), "torch linear"
-
-
-def torch_bf16():
-    import torch
-
-    return torch.bfloat16
 
 
 def int8_linear(ops, weight):

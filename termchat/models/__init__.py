@@ -50,6 +50,13 @@ ADDED = "added"  # models_dir()/added/NAME: what `termchat models add` made
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")  # a folder name, never a path
 
 
+def slug(text: str) -> str:
+    """A model name (NAME) made from a file's or a store's name: lower case,
+    runs of anything but a-z, 0-9, '.', '_', '-' as one '-', at most 64; "" when
+    nothing is left."""
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:64]
+
+
 def folder(name: str) -> Path:
     """The folder of a `termchat:` model: the built-in one, or one a user added."""
     if name in BUILTIN:

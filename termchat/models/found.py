@@ -38,8 +38,9 @@ class Found:
 
     @property
     def suggested_name(self) -> str:
-        base = self.name.rsplit("/", 1)[-1].removesuffix(".gguf").replace(":", "-").lower()
-        return "".join(c if c.isalnum() or c in "._-" else "-" for c in base).strip("-._")[:64] or "model"
+        from termchat.models import slug
+
+        return slug(self.name.rsplit("/", 1)[-1].removesuffix(".gguf")) or "model"
 
 
 def _home() -> Path:

@@ -153,7 +153,7 @@ def _add(file: str | Path, name: str | None, quiet: bool) -> str:
 
 def _default_name(info: GgufFile) -> str:
     stem = info.path.name.removesuffix(".gguf")
-    candidate = "".join(c if c.isalnum() or c in "._-" else "-" for c in stem.lower()).strip("-._")[:64]
+    candidate = models.slug(stem)
     if not models.NAME.fullmatch(candidate or "-"):
         raise UserError(f"{info.path}: name it with --name NAME (its file name '{stem}' is not a model name)")
     return candidate
