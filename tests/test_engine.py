@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -116,6 +118,19 @@ def test_the_engine_core_runs_rmsnorm_on_vllms_cpu_kernels(shared_engine):
     log = shared_engine.log_path.read_text(errors="replace")
     chosen = [line for line in log.splitlines() if "Final IR op priority" in line and "EngineCore" in line]
     assert chosen and "rms_norm=['termchat_cpu_c', 'native']" in chosen[-1] and "fused_add_rms_norm=['termchat_cpu_c', 'native']" in chosen[-1], chosen
+
+
+def test_a_cpu_engine_loads_cached_kernels_without_torchs_compiler_probes_unless_the_user_asks():
+    # vllm_plugin.quick_compiled_load: torch's inductor dlopen-probed each vector ISA in nine
+    # fresh Pythons and preprocessed its header with g++ on every compiled start (1.6 s of 1.9)
+    code = ("from termchat.engine import vllm_plugin; print(vllm_plugin.quick_compiled_load()); "
+            "from torch._inductor import config; print(config.cpp.vec_isa_ok, config.cpp_cache_precompile_headers)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert plain.stdout.split() == ["True", "True", "False"], plain.stderr[-2000:]
+    asked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env={**env, "TORCHINDUCTOR_VEC_ISA_OK": "0", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1"})
+    assert asked.stdout.split() == ["True", "False", "True"], asked.stderr[-2000:]
 
 
 def test_vllms_cpu_rmsnorm_kernels_compute_what_the_native_norm_computes():

@@ -22,7 +22,9 @@ position) instead of drawn step by step, so that a seed gives the same reply
 whatever the drafts, with or without speculation. (use_cpu_norm_kernels):
 RMSNorm on vLLM's own C++ CPU kernels, which vLLM registers for GPUs only.
 And (load_cpu_compile_cache): a compiled engine's cache, which vLLM 0.32
-writes on the CPU but cannot read back.
+writes on the CPU but cannot read back. (short_compiled_warm_up): a compiled
+engine's warm-up without the 2048-token profiling pass it does not need, and
+(quick_compiled_load) its cached kernels loaded without torch's g++ probes.
 
 Nothing here imports the rest of termchat (but its sibling vllm_int4, the
 `termchat_int4` quantization it registers), and nothing runs at import time.
@@ -385,6 +387,71 @@ def load_cpu_compile_cache() -> bool:
     return True
 
 
+# ---- a compiled engine's warm-up, without the profiling it does not need ------------------
+
+WARM_UP_TOKENS = 16  # not 0 or 1: Dynamo specialises those sizes instead of keeping them dynamic
+
+
+def short_compiled_warm_up() -> bool:
+    """A compiled CPU engine warms up with vLLM's profile run: a forward pass of
+    max_num_batched_tokens (2048) dummy tokens and a sampler run over
+    max_num_seqs rows, there to measure memory for a KV cache sized
+    automatically. With the KV cache sized explicitly (VLLM_CPU_KVCACHE_SPACE,
+    set by every termchat CPU profile) nothing reads that measure, and all the
+    warm-up has to do is load (or, on a first start, compile) the model's graph,
+    whose token dimension is dynamic: a forward pass of WARM_UP_TOKENS does that.
+    Multimodal models keep vLLM's warm-up. False where there is nothing to do."""
+    try:
+        from vllm.config import CompilationMode
+        from vllm.platforms import current_platform
+        from vllm.v1.worker import cpu_model_runner
+    except ImportError:
+        return False
+    runner = cpu_model_runner.CPUModelRunner
+    settings = getattr(cpu_model_runner, "_set_global_compilation_settings", None)
+    if not current_platform.is_cpu() or settings is None or getattr(runner.warming_up_model, "termchat", False):
+        return False
+    original = runner.warming_up_model
+
+    def warming_up_model(self) -> None:
+        explicit = self.cache_config.kv_cache_memory_bytes is not None
+        if self.vllm_config.compilation_config.mode == CompilationMode.NONE or not explicit or self.supports_mm_inputs:
+            return original(self)
+        logger.info("termchat: warming up the compiled model on %d tokens (short_compiled_warm_up)", WARM_UP_TOKENS)
+        with settings(self.vllm_config):
+            self._dummy_run(min(WARM_UP_TOKENS, self.max_num_tokens), is_profile=True)
+
+    warming_up_model.termchat = True
+    runner.warming_up_model = warming_up_model
+    return True
+
+
+def quick_compiled_load() -> bool:
+    """Loading a compiled model from vLLM's cache took 1.9 s on 2 cores, and
+    most of it ran g++ and Python, not the model: torch's inductor, before it
+    loads the cached C++ kernels, checks each vector ISA the CPU's flags allow
+    by building a probe and dlopen-ing it in a fresh Python (nine of them), and
+    preprocesses its kernel header with g++ to hash it for a precompiled header.
+    Skip both: the ISAs stay filtered by the CPU's own flags, and the cached
+    kernels are already compiled. (A first start compiles without precompiled
+    headers, a few seconds slower.) The user's own TORCHINDUCTOR_VEC_ISA_OK or
+    TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS wins. False where there is nothing to do."""
+    import os
+
+    try:
+        from torch._inductor import config
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    if not current_platform.is_cpu():
+        return False
+    if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
+        config.cpp.vec_isa_ok = True
+    if os.environ.get("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS") is None:
+        config.cpp_cache_precompile_headers = False
+    return True
+
+
 # ---- seeds that reproduce whatever the drafts ------------------------------------------
 
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: no token in this slot
@@ -546,6 +613,16 @@ def register() -> None:
         vllm_int4.register()  # only registers a name and a class: the API server validates the flag
     except Exception as exc:  # never stop vLLM from starting: profiles asking for it then fail to start
         logger.warning("termchat: could not register the termchat_int4 quantization (%s: %s)", type(exc).__name__, exc)
+    try:
+        if os.environ.get("TERMCHAT_QUICK_LOAD", "1") != "0" and quick_compiled_load():
+            logger.debug("termchat: inductor loads cached kernels without probing g++ (quick_compiled_load)")
+    except Exception as exc:  # never stop vLLM from starting: torch probes as before
+        logger.warning("termchat: could not skip inductor's start-up probes (%s: %s)", type(exc).__name__, exc)
+    try:
+        if os.environ.get("TERMCHAT_SHORT_WARM_UP", "1") != "0" and short_compiled_warm_up():
+            logger.debug("termchat: a compiled engine warms up on %d tokens", WARM_UP_TOKENS)
+    except Exception as exc:  # never stop vLLM from starting: its own warm-up stays
+        logger.warning("termchat: could not shorten the compiled warm-up (%s: %s)", type(exc).__name__, exc)
     if _deferred:  # checked in the forked engine core (defer_to_forked_children)
         return
     try:
