@@ -221,15 +221,23 @@ def parse_session_value(key: str, text: str) -> Any:
     return value
 
 
+# 512 MiB of KV cache: 11,648 tokens of the default model, so a 4096-token
+# conversation, its prefix cached, and a dozen replies at once. vLLM zero-fills
+# it at start, and on these VMs a first touch of fresh memory is slow (the
+# kernel's clear_page: 2.2 s per GiB here), so 1 GiB cost 1.2 s more per start.
+KV_CACHE_BYTES = 512 * 1024 * 1024
+
+
 # The CPU engine every built-in profile shares: float32 and both cores
 # (faster than bfloat16 on AVX2-only CPUs), compiled (torch.compile: decodes
 # 1.2-1.5x faster than eager; the first start of each profile on a machine
 # compiles for 1-3 min, later ones load vLLM's cache in seconds, see
-# vllm_plugin.load_cpu_compile_cache), 1 GiB of KV cache, and vLLM and torch imported
+# vllm_plugin.load_cpu_compile_cache), 512 MiB of KV cache, and vLLM and torch imported
 # once, not three times: the "uni" executor with VLLM_ENABLE_V1_MULTIPROCESSING=0
 # runs the model in the engine core's process, and TERMCHAT_FORK_ENGINE_CORE=1
-# forks that process instead of spawning it (guarded_server.py): ready in 9.3 s
-# instead of 19.4 (`python -m termchat.bench.cold_start`).
+# forks that process instead of spawning it (guarded_server.py); with the
+# plugin's short warm-up, ready in about 12.5 s from vLLM's compile cache
+# instead of 18-20 (`python -m termchat.bench.cold_start`, bench README).
 def _cpu_engine() -> dict:
     return dict(
         model=DEFAULT_MODEL,
@@ -243,8 +251,8 @@ def _cpu_engine() -> dict:
         # (bench README, "Penalties against loops")
         text_frequency_penalty=0.5,
         system_prompt="You are a helpful, concise assistant for programmers.",
-        engine_args={"distributed_executor_backend": "uni"},
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TERMCHAT_FORK_ENGINE_CORE": "1"},
+        engine_args={"distributed_executor_backend": "uni", "kv_cache_memory_bytes": KV_CACHE_BYTES},
+        env={"VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TERMCHAT_FORK_ENGINE_CORE": "1"},
     )
 
 
