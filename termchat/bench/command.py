@@ -41,6 +41,7 @@ def machine() -> dict:
     flags = proc.cpu_flags()
     info["isa"] = [flag for flag in proc.ISA_FLAGS if flag in flags]
     info["caches"] = proc.cache_sizes()
+    info["threads_per_core"] = proc.threads_per_core()
     if total := proc.meminfo("MemTotal"):
         info["ram_gib"] = round(total / 1024**3, 1)
     from termchat.profiles.advisor import gpus
@@ -64,7 +65,8 @@ def machine_line(bandwidth: float | None = None) -> str:
     """What every benchmark prints first: figures differ between machines of one kind."""
     info = machine()
     caches = " ".join(f"{k} {v}" for k, v in info["caches"].items()) or "?"
-    line = f"machine: {info['cpu']}, {info['cores']} cores, ISA {' '.join(info['isa']) or 'no AVX2'}, caches {caches}, {info.get('ram_gib', '?')} GiB RAM, {info.get('vllm', 'vLLM ?')}"
+    smt = {None: "", 1: " (1 thread per core)"}.get(info["threads_per_core"], f" ({info['threads_per_core']} threads per core)")
+    line = f"machine: {info['cpu']}, {info['cores']} cores{smt}, ISA {' '.join(info['isa']) or 'no AVX2'}, caches {caches}, {info.get('ram_gib', '?')} GiB RAM, {info.get('vllm', 'vLLM ?')}"
     return line + (f", memory bandwidth {bandwidth / 1e9:.1f} GB/s (measured now)" if bandwidth else "")
 
 

@@ -1,11 +1,12 @@
 """termchat beside what a user would run instead, same prompts, same run.
 
-    python -m termchat.bench.peers [--per-category 4] [--max-tokens 128] [--profiles local,local-plain]
+    python -m termchat.bench.peers [--per-category 4] [--max-tokens 128] [--profiles local,local-plain,local-plain:int4]
 
 On the built-in bench prompts (the first N of each category), greedy (T=0),
 one after the other on this machine (one engine at a time):
 
-- termchat's profiles: the real vLLM engine as termchat starts it;
+- termchat's profiles: the real vLLM engine as termchat starts it; NAME:FORMAT
+  runs a built-in profile with its weights in that format (`weights = FORMAT`);
 - Hugging Face transformers on the same float32 weights: plain `generate`,
   and with prompt lookup (`prompt_lookup_num_tokens=10`, its speculation);
 - llama.cpp (llama-cpp-python, the optional extra `peers`) on the packaged
@@ -30,12 +31,20 @@ from collections import defaultdict
 from termchat.bench.prompt_sets import builtin
 
 
-def termchat_speeds(name: str, prompts, max_tokens: int) -> list[float]:
+def termchat_profile(spec: str):
+    """A built-in profile by name, or NAME:FORMAT with its weights in that format."""
+    from termchat.profiles import builtin_profiles, in_format
+
+    name, _, weights = spec.partition(":")
+    profile = builtin_profiles()[name]
+    return in_format(profile, weights) if weights else profile
+
+
+def termchat_speeds(spec: str, prompts, max_tokens: int) -> list[float]:
     from termchat.engine.client import Sampling, complete_sync
     from termchat.engine.connect import open_engine
-    from termchat.profiles import builtin_profiles
 
-    engine = open_engine(builtin_profiles()[name], progress=lambda line: print(line, file=sys.stderr), attach=False)
+    engine = open_engine(termchat_profile(spec), progress=lambda line: print(line, file=sys.stderr), attach=False)
     try:
         complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))  # warm-up
         return [complete_sync(engine, [{"role": "user", "content": p.text}], Sampling(temperature=0.0, max_tokens=max_tokens)).stats.decode_tokens_per_s or 0.0 for p in prompts]
@@ -99,14 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m termchat.bench.peers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-category", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--profiles", default="local,local-plain", help="built-in profiles, comma-separated")
+    parser.add_argument("--profiles", default="local,local-plain", help="built-in profiles, comma-separated; NAME:FORMAT for another weight format (int4, bfloat16, ...)")
     args = parser.parse_args(argv)
-    from termchat.profiles import builtin_profiles
+    from termchat.profiles import WEIGHT_FORMATS, builtin_profiles
 
     names = [n.strip() for n in args.profiles.split(",") if n.strip()]
-    unknown = [n for n in names if n not in builtin_profiles()]
+    unknown = [n for n in names if n.partition(":")[0] not in builtin_profiles() or (n.partition(":")[2] or "float32") not in WEIGHT_FORMATS]
     if unknown:
-        parser.error(f"unknown profile(s) {', '.join(unknown)}; built-in: {', '.join(builtin_profiles())}")
+        parser.error(f"unknown profile(s) {', '.join(unknown)}; built-in: {', '.join(builtin_profiles())}; formats: {', '.join(WEIGHT_FORMATS)}")
     seen: dict[str, int] = defaultdict(int)
     prompts = []
     for p in builtin():
@@ -128,17 +137,24 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n" + machine_line(read_bandwidth()))
     print(f"decode tokens/s, T=0, {args.max_tokens} tokens, {args.per_category} prompts per category (median), one run on this machine\n")
-    print("| category | " + " | ".join(columns) + f" | {names[0]} / llama.cpp |")
-    print("|---" * (len(columns) + 2) + "|")
+    ours = [f"termchat {name}" for name in names]
+    print("| category | " + " | ".join(columns) + " | " + " | ".join(f"{n} / llama.cpp" for n in names) + " |")
+    print("|---" * (len(columns) + len(names) + 1) + "|")
+
+    def median_of(column: str, category: str) -> float | None:
+        values = [s for p, s in zip(prompts, columns[column] or []) if p.category == category and s]
+        return statistics.median(values) if values else None
+
     for category in categories:
-        cells = []
-        for speeds in columns.values():
-            values = [s for p, s in zip(prompts, speeds or []) if p.category == category and s]
-            cells.append(f"{statistics.median(values):.1f}" if values else "-")
-        ours = [s for p, s in zip(prompts, columns[f"termchat {names[0]}"]) if p.category == category and s]
-        peer = [s for p, s in zip(prompts, columns["llama.cpp Q4_1"] or []) if p.category == category and s]
-        ratio = f"{statistics.median(ours) / statistics.median(peer):.2f}" if ours and peer else "-"
-        print(f"| {category} | " + " | ".join(cells) + f" | {ratio} |")
+        cells = [f"{m:.1f}" if (m := median_of(column, category)) else "-" for column in columns]
+        peer = median_of("llama.cpp Q4_1", category)
+        ratios = [f"{m / peer:.2f}" if peer and (m := median_of(column, category)) else "-" for column in ours]
+        print(f"| {category} | " + " | ".join(cells + ratios) + " |")
+    per_category = {column: [m for c in categories if (m := median_of(column, c))] for column in columns}
+    cells = [f"{statistics.median(v):.1f}" if v else "-" for v in per_category.values()]
+    peer = per_category["llama.cpp Q4_1"]
+    ratios = [f"{statistics.median(a / b for a, b in zip(per_category[c], peer)):.2f}" if peer and len(per_category[c]) == len(peer) else "-" for c in ours]
+    print("| median of categories | " + " | ".join(cells + ratios) + " |")
     if columns["llama.cpp Q4_1"] is None:
         print("\nllama.cpp: not installed here (pip install 'termchat[peers]' builds llama-cpp-python, about 2 minutes)")
     return 0

@@ -17,12 +17,14 @@ from pathlib import Path
 
 def read_bandwidth() -> float:
     """Bytes per second this machine reads from memory: the best of ten sums
-    of a 256 MiB tensor (torch, as many threads as the engine uses)."""
+    of a 1 GiB tensor (torch, as many threads as the engine uses). Larger than
+    any cache: on the AVX-512 VM (L3 480 MiB as reported) 16-64 MiB read at 54-56
+    GB/s, 128 MiB at 45, and 256 MiB to 4 GiB at 24-29 (bench README)."""
     import time
 
     import torch
 
-    data = torch.ones(64 * 1024 * 1024)
+    data = torch.ones(256 * 1024 * 1024)
     data.sum()
     best = 0.0
     for _ in range(10):

@@ -141,6 +141,24 @@ def cache_sizes() -> dict[str, str]:
     return found
 
 
+def threads_per_core() -> int | None:
+    """Hardware threads that share cpu0's core (1 without SMT; None if /sys does not say).
+    Two vCPUs that are one core's two threads give a compute-bound program (llama.cpp's
+    4-bit decode) about one core's speed, and a memory-bound one nearly the same."""
+    try:
+        siblings = (Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list")).read_text().strip()
+    except OSError:
+        return None
+    count = 0
+    for part in siblings.split(","):
+        low, _, high = part.partition("-")
+        try:
+            count += int(high or low) - int(low) + 1
+        except ValueError:
+            return None
+    return count or None
+
+
 def owner(pid: int) -> int | None:
     try:
         return (PROC / str(pid)).stat().st_uid
