@@ -23,7 +23,10 @@ instead (vLLM's oneDNN path; the 8-bit codes fit bfloat16 exactly, only the
 scales round), while embedding lookups keep the float32 rows.
 `termchat_int4_f32head` keeps the output layer float32 (for measuring; a
 name of its own, since vLLM's compile cache is keyed by the settings, not by
-the environment).
+the environment). `termchat_int4_int4head` puts the output layer on the int4
+kernel too: its Q8_0 weights quantized again to 4 bits in groups of 32 (min
+and range, the Q4_1 way), 18 MB a step instead of bfloat16's 57 MB; a second
+quantization, so only the quality guard can admit it.
 Registered by the vLLM plugin (vllm_plugin.register); nothing here imports
 the rest of termchat.
 """
@@ -31,7 +34,7 @@ the rest of termchat.
 from __future__ import annotations
 
 NAME = "termchat_int4"
-NAMES = {NAME: "bfloat16", "termchat_int4_f32head": "float32"}  # quantization name -> output layer
+NAMES = {NAME: "bfloat16", "termchat_int4_f32head": "float32", "termchat_int4_int4head": "int4"}  # quantization name -> output layer
 GROUP = 32
 
 
@@ -121,6 +124,25 @@ def register() -> bool:
             out = head.cpu_linear(x.to(torch.bfloat16), head.weight, None).to(x.dtype)
             return out if bias is None else out + bias
 
+    class Int4HeadMethod(UnquantizedEmbeddingMethod):
+        """Embedding lookups from the float32 rows; the logits on the int4 kernel."""
+
+        def process_weights_after_loading(self, layer) -> None:
+            super().process_weights_after_loading(layer)
+            if not supported(layer.weight.data):  # a shape the kernel does not take: vLLM's own float path
+                return
+            packed, scales_and_zeros = pack(layer.weight.data)
+            layer.int4_head_packed = torch.nn.Parameter(packed, requires_grad=False)
+            layer.int4_head_scales_and_zeros = torch.nn.Parameter(scales_and_zeros, requires_grad=False)
+
+        def apply(self, layer, x, bias=None):
+            if not hasattr(layer, "int4_head_packed"):
+                return super().apply(layer, x, bias)
+            rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+            out = torch._weight_int4pack_mm_for_cpu(rows, layer.int4_head_packed, GROUP, layer.int4_head_scales_and_zeros).to(x.dtype)
+            out = out.reshape(*x.shape[:-1], out.shape[-1])
+            return out if bias is None else out + bias
+
     def config_class(name: str, head: str):
         class Int4Config(QuantizationConfig):
             def get_name(self) -> str:
@@ -147,6 +169,8 @@ def register() -> bool:
                     return Int4LinearMethod()
                 if isinstance(layer, VocabParallelEmbedding) and "lm_head" in prefix and head == "bfloat16":
                     return BF16HeadMethod()
+                if isinstance(layer, VocabParallelEmbedding) and "lm_head" in prefix and head == "int4":
+                    return Int4HeadMethod()
                 return None  # the embedding lookups (and a float32 head): vLLM's own
 
         return Int4Config
