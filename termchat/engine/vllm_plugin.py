@@ -417,7 +417,8 @@ def short_compiled_warm_up() -> bool:
         explicit = self.cache_config.kv_cache_memory_bytes is not None
         if self.vllm_config.compilation_config.mode == CompilationMode.NONE or not explicit or self.supports_mm_inputs:
             return original(self)
-        logger.info("termchat: warming up the compiled model on %d tokens (short_compiled_warm_up)", WARM_UP_TOKENS)
+        # begins as vLLM's own line does: termchat's start-up status reads it (engine/process.COMPILING)
+        logger.info("Warming up model for the compilation on %d tokens (termchat: short_compiled_warm_up)", WARM_UP_TOKENS)
         with settings(self.vllm_config):
             self._dummy_run(min(WARM_UP_TOKENS, self.max_num_tokens), is_profile=True)
 
