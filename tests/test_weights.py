@@ -33,7 +33,7 @@ def test_a_config_names_a_known_format_or_gets_the_line_that_does_not():
     config, problems = parse_config(text, "c.toml")
     assert config.profiles["a"].weights == "int4"
     assert [str(p) for p in problems] == [
-        "c.toml:7: profiles.b.weights: unknown weight format 'int5'; use 'auto' (this machine's measured choice) or one of float32, bfloat16, int4, int4-f32head, int4-int4head",
+        "c.toml:7: profiles.b.weights: unknown weight format 'int5'; use 'auto' (this machine's measured choice) or one of float32, bfloat16, int4, int4-f32head, int4-int4head, int4-int8head",
         "c.toml:11: profiles.c.weights: chooses the format of an engine termchat starts; a remote endpoint's server chooses its own. Remove it.",
     ]
 

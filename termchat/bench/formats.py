@@ -13,7 +13,8 @@ runs as the default profile's engine without speculation (compiled):
 - int4: `quantization = "termchat_int4"` (engine/vllm_int4.py: the layers'
   Q4_1 codes on torch's int4 kernel, the output layer in bfloat16);
   int4-f32head: the same with a float32 output layer; int4-int4head: with
-  the output layer on the int4 kernel too (its Q8_0 weights quantized again).
+  the output layer on the int4 kernel too (its Q8_0 weights quantized again);
+  int4-int8head: with the output layer on torch's int8 kernel (a scale per row).
 
 The quality guard (a variant may become a default only if it passes):
 - the float32 engine's greedy reply to each prompt (64 tokens) is scored

@@ -26,7 +26,10 @@ name of its own, since vLLM's compile cache is keyed by the settings, not by
 the environment). `termchat_int4_int4head` puts the output layer on the int4
 kernel too: its Q8_0 weights quantized again to 4 bits in groups of 32 (min
 and range, the Q4_1 way), 18 MB a step instead of bfloat16's 57 MB; a second
-quantization, so only the quality guard can admit it.
+quantization, so only the quality guard can admit it. `termchat_int4_int8head`
+puts it on torch's int8 weight-only kernel (`_weight_int8pack_mm`: one scale
+per row, where Q8_0 has one per 32 weights, so it too is quantized again):
+28 MB a step.
 Registered by the vLLM plugin (vllm_plugin.register); nothing here imports
 the rest of termchat.
 """
@@ -34,7 +37,7 @@ the rest of termchat.
 from __future__ import annotations
 
 NAME = "termchat_int4"
-NAMES = {NAME: "bfloat16", "termchat_int4_f32head": "float32", "termchat_int4_int4head": "int4"}  # quantization name -> output layer
+NAMES = {NAME: "bfloat16", "termchat_int4_f32head": "float32", "termchat_int4_int4head": "int4", "termchat_int4_int8head": "int8"}  # quantization name -> output layer
 GROUP = 32
 
 
@@ -143,6 +146,23 @@ def register() -> bool:
             out = out.reshape(*x.shape[:-1], out.shape[-1])
             return out if bias is None else out + bias
 
+    class Int8HeadMethod(UnquantizedEmbeddingMethod):
+        """Embedding lookups from the float32 rows; the logits on the int8 kernel (a scale per row)."""
+
+        def process_weights_after_loading(self, layer) -> None:
+            super().process_weights_after_loading(layer)
+            weight = layer.weight.data.float()
+            scales = (weight.abs().amax(1) / 127).clamp(min=1e-12)
+            codes = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+            layer.int8_head = torch.nn.Parameter(codes, requires_grad=False)
+            layer.int8_head_scales = torch.nn.Parameter(scales.to(torch.bfloat16), requires_grad=False)
+
+        def apply(self, layer, x, bias=None):
+            rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+            out = torch._weight_int8pack_mm(rows, layer.int8_head, layer.int8_head_scales).to(x.dtype)
+            out = out.reshape(*x.shape[:-1], out.shape[-1])
+            return out if bias is None else out + bias
+
     def config_class(name: str, head: str):
         class Int4Config(QuantizationConfig):
             def get_name(self) -> str:
@@ -171,6 +191,8 @@ def register() -> bool:
                     return BF16HeadMethod()
                 if isinstance(layer, VocabParallelEmbedding) and "lm_head" in prefix and head == "int4":
                     return Int4HeadMethod()
+                if isinstance(layer, VocabParallelEmbedding) and "lm_head" in prefix and head == "int8":
+                    return Int8HeadMethod()
                 return None  # the embedding lookups (and a float32 head): vLLM's own
 
         return Int4Config

@@ -24,7 +24,7 @@ from termchat.errors import UserError
 
 AUTO = "auto"
 # fewest bytes per step first: the order when nothing was measured here
-BY_BYTES = ("int4-int4head", "int4", "int4-f32head", "bfloat16", "float32")
+BY_BYTES = ("int4-int4head", "int4-int8head", "int4", "int4-f32head", "bfloat16", "float32")
 
 
 def record_path():

@@ -72,7 +72,7 @@ class Profile:
     quantization: str | None = _key(None, "a string such as 'awq'")
     # a weight format (WEIGHT_FORMATS) in place of dtype/quantization, or "auto": this
     # machine's measured choice (engine/weights.py)
-    weights: str | None = _key(None, "a string: 'auto', 'float32', 'bfloat16', 'int4', 'int4-f32head' or 'int4-int4head'")
+    weights: str | None = _key(None, "a string: 'auto', 'float32', 'bfloat16', 'int4', 'int4-f32head', 'int4-int4head' or 'int4-int8head'")
     gpu_memory_utilization: float | None = _key(None, "a number", low=0.0, high=1.0, above=True)
     temperature: float = _key(0.7, "a number", low=0.0, high=2.0)
     code_temperature: float = _key(0.2, "a number", low=0.0, high=2.0)
@@ -274,6 +274,7 @@ WEIGHT_FORMATS = {
     "int4": {"quantization": "termchat_int4"},  # engine/vllm_int4.py; output layer bfloat16
     "int4-f32head": {"quantization": "termchat_int4_f32head"},
     "int4-int4head": {"quantization": "termchat_int4_int4head"},  # the output layer in 4 bits too
+    "int4-int8head": {"quantization": "termchat_int4_int8head"},  # the output layer in 8 bits, a scale per row
 }
 
 
