@@ -141,20 +141,22 @@ def main(argv: list[str] | None = None) -> int:
     print("| category | " + " | ".join(columns) + " | " + " | ".join(f"{n} / llama.cpp" for n in names) + " |")
     print("|---" * (len(columns) + len(names) + 1) + "|")
 
-    def median_of(column: str, category: str) -> float | None:
-        values = [s for p, s in zip(prompts, columns[column] or []) if p.category == category and s]
+    def median_of(speeds: list[float] | None, category: str) -> float | None:
+        values = [s for p, s in zip(prompts, speeds or []) if p.category == category and s]
         return statistics.median(values) if values else None
 
+    medians = {column: {c: median_of(speeds, c) for c in categories} for column, speeds in columns.items()}  # each once
+    peer = medians["llama.cpp Q4_1"]
+
+    def row(label: str, cells: list[float | None], ratios: list[float | None]) -> str:
+        text = [f"{v:.1f}" if v else "-" for v in cells] + [f"{r:.2f}" if r else "-" for r in ratios]
+        return f"| {label} | " + " | ".join(text) + " |"
+
+    ratios = {c: {k: medians[c][k] / peer[k] for k in categories if medians[c][k] and peer[k]} for c in ours}
     for category in categories:
-        cells = [f"{m:.1f}" if (m := median_of(column, category)) else "-" for column in columns]
-        peer = median_of("llama.cpp Q4_1", category)
-        ratios = [f"{m / peer:.2f}" if peer and (m := median_of(column, category)) else "-" for column in ours]
-        print(f"| {category} | " + " | ".join(cells + ratios) + " |")
-    per_category = {column: [m for c in categories if (m := median_of(column, c))] for column in columns}
-    cells = [f"{statistics.median(v):.1f}" if v else "-" for v in per_category.values()]
-    peer = per_category["llama.cpp Q4_1"]
-    ratios = [f"{statistics.median(a / b for a, b in zip(per_category[c], peer)):.2f}" if peer and len(per_category[c]) == len(peer) else "-" for c in ours]
-    print("| median of categories | " + " | ".join(cells + ratios) + " |")
+        print(row(category, [medians[column][category] for column in columns], [ratios[c].get(category) for c in ours]))
+    print(row("median of categories", [statistics.median(v) if (v := [m for m in medians[column].values() if m]) else None for column in columns],
+              [statistics.median(ratios[c].values()) if ratios[c] else None for c in ours]))
     if columns["llama.cpp Q4_1"] is None:
         print("\nllama.cpp: not installed here (pip install 'termchat[peers]' builds llama-cpp-python, about 2 minutes)")
     return 0

@@ -146,7 +146,7 @@ def threads_per_core() -> int | None:
     Two vCPUs that are one core's two threads give a compute-bound program (llama.cpp's
     4-bit decode) about one core's speed, and a memory-bound one nearly the same."""
     try:
-        siblings = (Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list")).read_text().strip()
+        siblings = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read_text().strip()
     except OSError:
         return None
     count = 0

@@ -89,6 +89,13 @@ def register() -> bool:
     if all(name in QUANTIZATION_METHODS for name in NAMES):
         return True
 
+    def int4_product(x, packed, scales_and_zeros, bias):
+        """x @ w.T (+ bias) for w packed by `pack`, bfloat16 activations on the way in."""
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        out = torch._weight_int4pack_mm_for_cpu(rows, packed, GROUP, scales_and_zeros).to(x.dtype)
+        out = out.reshape(*x.shape[:-1], out.shape[-1])
+        return out if bias is None else out + bias
+
     class Int4LinearMethod(UnquantizedLinearMethod):
         """Loads the float weight as vLLM does, then keeps only its 4-bit form."""
 
@@ -99,17 +106,12 @@ def register() -> bool:
             packed, scales_and_zeros = pack(weight)
             layer.int4_packed = torch.nn.Parameter(packed, requires_grad=False)
             layer.int4_scales_and_zeros = torch.nn.Parameter(scales_and_zeros, requires_grad=False)
-            layer.int4_out_features = weight.shape[0]
             layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)  # the float copy freed
 
         def apply(self, layer, x, bias=None):
             if not hasattr(layer, "int4_packed"):
                 return super().apply(layer, x, bias)
-            rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-            out = torch._weight_int4pack_mm_for_cpu(rows, layer.int4_packed, GROUP, layer.int4_scales_and_zeros).to(x.dtype)
-            if bias is not None:
-                out = out + bias
-            return out.reshape(*x.shape[:-1], layer.int4_out_features)
+            return int4_product(x, layer.int4_packed, layer.int4_scales_and_zeros, bias)
 
     class BF16HeadMethod(UnquantizedEmbeddingMethod):
         """Embedding lookups from the float32 rows; the logits from a bfloat16 copy."""
@@ -141,10 +143,7 @@ def register() -> bool:
         def apply(self, layer, x, bias=None):
             if not hasattr(layer, "int4_head_packed"):
                 return super().apply(layer, x, bias)
-            rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-            out = torch._weight_int4pack_mm_for_cpu(rows, layer.int4_head_packed, GROUP, layer.int4_head_scales_and_zeros).to(x.dtype)
-            out = out.reshape(*x.shape[:-1], out.shape[-1])
-            return out if bias is None else out + bias
+            return int4_product(x, layer.int4_head_packed, layer.int4_head_scales_and_zeros, bias)
 
     class Int8HeadMethod(UnquantizedEmbeddingMethod):
         """Embedding lookups from the float32 rows; the logits on the int8 kernel (a scale per row)."""
@@ -162,6 +161,8 @@ def register() -> bool:
             out = torch._weight_int8pack_mm(rows, layer.int8_head, layer.int8_head_scales).to(x.dtype)
             out = out.reshape(*x.shape[:-1], out.shape[-1])
             return out if bias is None else out + bias
+
+    HEADS = {"bfloat16": BF16HeadMethod, "int4": Int4HeadMethod, "int8": Int8HeadMethod}  # float32: vLLM's own
 
     def config_class(name: str, head: str):
         class Int4Config(QuantizationConfig):
@@ -187,12 +188,8 @@ def register() -> bool:
             def get_quant_method(self, layer, prefix: str):
                 if isinstance(layer, LinearBase):
                     return Int4LinearMethod()
-                if isinstance(layer, VocabParallelEmbedding) and "lm_head" in prefix and head == "bfloat16":
-                    return BF16HeadMethod()
-                if isinstance(layer, VocabParallelEmbedding) and "lm_head" in prefix and head == "int4":
-                    return Int4HeadMethod()
-                if isinstance(layer, VocabParallelEmbedding) and "lm_head" in prefix and head == "int8":
-                    return Int8HeadMethod()
+                if isinstance(layer, VocabParallelEmbedding) and "lm_head" in prefix and head in HEADS:
+                    return HEADS[head]()
                 return None  # the embedding lookups (and a float32 head): vLLM's own
 
         return Int4Config

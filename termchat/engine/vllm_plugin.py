@@ -396,8 +396,8 @@ def short_compiled_warm_up() -> bool:
     """A compiled CPU engine warms up with vLLM's profile run: a forward pass of
     max_num_batched_tokens (2048) dummy tokens and a sampler run over
     max_num_seqs rows, there to measure memory for a KV cache sized
-    automatically. With the KV cache sized explicitly (VLLM_CPU_KVCACHE_SPACE,
-    set by every termchat CPU profile) nothing reads that measure, and all the
+    automatically. With the KV cache sized explicitly (`kv_cache_memory_bytes`,
+    set by every termchat CPU profile, or VLLM_CPU_KVCACHE_SPACE) nothing reads that measure, and all the
     warm-up has to do is load (or, on a first start, compile) the model's graph,
     whose token dimension is dynamic: a forward pass of WARM_UP_TOKENS does that.
     Multimodal models keep vLLM's warm-up. False where there is nothing to do."""

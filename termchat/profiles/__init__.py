@@ -224,7 +224,8 @@ def parse_session_value(key: str, text: str) -> Any:
 # 512 MiB of KV cache: 11,648 tokens of the default model, so a 4096-token
 # conversation, its prefix cached, and a dozen replies at once. vLLM zero-fills
 # it at start, and on these VMs a first touch of fresh memory is slow (the
-# kernel's clear_page: 2.2 s per GiB here), so 1 GiB cost 1.2 s more per start.
+# kernel's clear_page: 2.2 s per GiB on the AVX-512 Xeon), so 1 GiB cost 1.2 s
+# more per start (bench README, "A compiled cold start").
 KV_CACHE_BYTES = 512 * 1024 * 1024
 
 
@@ -236,8 +237,8 @@ KV_CACHE_BYTES = 512 * 1024 * 1024
 # once, not three times: the "uni" executor with VLLM_ENABLE_V1_MULTIPROCESSING=0
 # runs the model in the engine core's process, and TERMCHAT_FORK_ENGINE_CORE=1
 # forks that process instead of spawning it (guarded_server.py); with the
-# plugin's short warm-up, ready in about 12.5 s from vLLM's compile cache
-# instead of 18-20 (`python -m termchat.bench.cold_start`, bench README).
+# plugin's short warm-up, ready in 11.6 s from vLLM's compile cache instead
+# of 16.2 on the AVX-512 Xeon (`python -m termchat.bench.cold_start`, bench README).
 def _cpu_engine() -> dict:
     return dict(
         model=DEFAULT_MODEL,
