@@ -38,7 +38,8 @@ def test_a_config_names_a_known_format_or_gets_the_line_that_does_not():
     ]
 
 
-def test_a_forced_format_is_what_the_engine_runs_under_the_profiles_own_name(clean_record):
+def test_a_forced_format_is_what_the_engine_runs_under_the_profiles_own_name(clean_record, monkeypatch):
+    monkeypatch.setattr(proc, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})  # a CPU that runs both formats
     cmd = server_command(local(weights="int4"), resolve_model=False)
     assert cmd[cmd.index("--quantization") + 1] == "termchat_int4" and cmd[cmd.index("--dtype") + 1] == "float32"
     cmd = server_command(local(weights="bfloat16", quantization="awq"), resolve_model=False)
@@ -74,10 +75,36 @@ def test_a_format_whose_kernel_this_cpu_lacks_is_refused_and_the_next_fastest_ta
     monkeypatch.setattr(proc, "cpu_flags", lambda: {"sse4_2"})
     monkeypatch.setattr(proc, "cpu_model", lambda: "Old CPU")
     fmt, why = weights.choose(local(weights="int4"))
-    assert (fmt, why) == ("bfloat16", "int4 needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU (Old CPU) has neither: bfloat16 instead")
+    assert (fmt, why) == ("float32", "int4 needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU (Old CPU) has neither: float32 instead")
+    assert weights.refusal("bfloat16").startswith("bfloat16 needs AVX512-BF16 or AMX on this CPU (Old CPU)")  # truncating kernels there
     weights.record(MODEL, "int4", {"float32": 14.4, "int4": 30.1, "int4-f32head": 25.0, "bfloat16": 12.0}, {"float32": True, "int4": True, "int4-f32head": True, "bfloat16": True}, "m")
     assert weights.choose(local(weights="auto"))[0] == "float32"  # by the record's speeds: int4-f32head refused too, bfloat16 slower than float32
     cmd = server_command(local(weights="int4"), resolve_model=False)
     assert "--quantization" not in cmd
     findings = [weights.finding(local(weights="int4"))]
     assert [(f.level, f.message) for f in findings] == [("warning", "int4 needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU (Old CPU) has neither: float32 instead")]
+
+
+def test_bfloat16_is_refused_where_vllms_kernels_truncate_and_taken_where_the_cpu_rounds(clean_record, monkeypatch):
+    monkeypatch.setattr(proc, "cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(proc, "cpu_flags", lambda: {"avx2", "fma"})
+    fmt, why = weights.choose(local(weights="bfloat16"))
+    assert fmt == "int4" and "round to bfloat16 by truncation" in why and why.endswith(": int4 instead")
+    monkeypatch.setattr(proc, "cpu_flags", lambda: {"avx2", "avx512f"})  # AVX-512 without its BF16 instructions truncates too
+    assert weights.choose(local(weights="bfloat16"))[0] == "int4"
+    monkeypatch.setattr(proc, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    assert weights.choose(local(weights="bfloat16")) == ("bfloat16", 'weights = "bfloat16"')
+
+
+def test_the_guard_fails_a_variant_for_loops_only_when_they_outnumber_float32s_beyond_chance():
+    from termchat.bench.formats import more_loops_than_chance
+
+    f32 = [True] * 5 + [False] * 55
+    one_more = [True] * 6 + [False] * 54  # 6 against 5 of 60: what a near-tie parts
+    assert not more_loops_than_chance(one_more, f32)
+    swapped = [False] * 5 + [True] * 5 + [False] * 50  # as many, on other prompts
+    assert not more_loops_than_chance(swapped, f32)
+    five_more = [True] * 10 + [False] * 50  # 5 extra, none fewer: p = 1/32
+    assert more_loops_than_chance(five_more, f32)
+    assert not more_loops_than_chance(f32, five_more)  # fewer loops never fails
+    assert not more_loops_than_chance([False] * 60, [False] * 60)

@@ -23,6 +23,11 @@ would pick for each format:
            blocks exactly; it has AVX2 and AVX-512 paths. int4-torch-f32 is
            the same with float32 activations: a much slower path
 
+It also says how vLLM's own CPU kernels (rms_norm, which a bfloat16 engine
+runs twice a layer) round float32 results to bfloat16 on this CPU: to the
+nearest value, or by truncation, which without AVX512-BF16 they do (the
+cause of bfloat16's 10.6% log-probability shift on the AVX2 machine).
+
 Prints ms per step, the bytes read per second, and each format's largest
 error against float32 on the same (dequantized) weights, which shows the
 kernel was called right. The output layer stays float32 in every row (vLLM
@@ -134,6 +139,19 @@ def int4_torch_linear(weight, group: int = 32, activations=None):
     return (lambda x: torch._weight_int4pack_mm_for_cpu(x.to(activations), packed, group, scales_and_zeros).float()), dequant
 
 
+def bf16_rounding(torch) -> str:
+    """How vLLM's rms_norm kernel turns its float32 result into bfloat16 here."""
+    torch.manual_seed(0)
+    x, w = (torch.randn(64, 576) * 3).bfloat16(), (torch.rand(576) + 0.5).bfloat16()
+    out = torch.empty_like(x)
+    torch.ops._C.rms_norm(out, x, w, 1e-5)
+    exact = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5) * w.float()
+    nearest = float((out == exact.bfloat16()).float().mean())
+    truncated = float((out == (exact.view(torch.int32) & ~0xFFFF).view(torch.float32).bfloat16()).float().mean())
+    verdict = "truncates (biased toward zero)" if truncated > 0.99 else "rounds to nearest" if nearest > 0.9 else "neither"
+    return f"vLLM's float32 -> bfloat16 in its CPU kernels: {verdict} (rms_norm: {nearest:.0%} of values round to nearest, {truncated:.0%} match truncation)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
@@ -161,6 +179,7 @@ def main() -> None:
     from termchat.bench.command import machine_line
 
     print(machine_line())
+    print(bf16_rounding(torch))
     print(f"{'format':14} {'layers ms':>10} {'+ output':>9} {'MB/step':>8} {'GB/s':>6} {'max error':>10}")
     layer_params = sum(w.numel() for layer in weights for w in layer)
     # bytes per weight: int4 plus a float scale per 32 (vLLM's), a scale and a zero per 32 (torch's)

@@ -6,8 +6,8 @@ The record is a state file (formats.json, 0600) keyed by the machine (CPU
 model, ISA flags, cores) and the model: a figure from another machine, or one
 that does not parse, is not used (auto then means float32, the reference).
 A format whose kernel this CPU lacks is refused with its reason, and the next
-fastest is taken: by the record's speeds where there is one, else by the bytes
-a step reads.
+fastest is taken: by the record's speeds where there is one, else in FALLBACK's
+order.
 """
 
 from __future__ import annotations
@@ -23,8 +23,16 @@ from termchat.engine import proc
 from termchat.errors import UserError
 
 AUTO = "auto"
-# fewest bytes per step first: the order when nothing was measured here
-BY_BYTES = ("int4-int4head", "int4-int8head", "int4", "int4-f32head", "bfloat16", "float32")
+# the fallback order when nothing was measured here: int4 first (2.35x float32
+# on the AVX-512 Xeon, 2.37x on the AVX2 EPYC, log-probabilities within 0.13%),
+# then fewer bytes per step first; int4-int4head is not in it, its
+# log-probabilities are 5.9% from float32's (bench README)
+FALLBACK = ("int4", "int4-int8head", "int4-f32head", "bfloat16", "float32")
+# vLLM's CPU kernels convert float32 to bfloat16 with the CPU's own rounding
+# instruction only where it has one (csrc/cpu/cpu_types_x86.hpp); elsewhere they
+# drop the low 16 bits, a bias toward zero that compounds through the residual
+# stream (measured layer by layer on an AVX2 EPYC: bench README, "bfloat16 on AVX2")
+BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 
 def record_path():
@@ -43,6 +51,9 @@ def refusal(fmt: str) -> str | None:
         flags = proc.cpu_flags()
         if "avx2" not in flags and "avx512f" not in flags:
             return f"{fmt} needs AVX2 or AVX-512 (torch's int4 kernel has no other fast path); this CPU ({proc.cpu_model()}) has neither"
+    if fmt == "bfloat16" and not BF16_FLAGS & proc.cpu_flags():
+        return (f"bfloat16 needs AVX512-BF16 or AMX on this CPU ({proc.cpu_model()}): without them vLLM's CPU kernels "
+                "round to bfloat16 by truncation, which drifts every layer (log-probabilities 10.6% from float32, bench README)")
     return None
 
 
@@ -89,7 +100,7 @@ def choose(profile) -> tuple[str, str]:
     if wanted is None:
         return "", ""
     entry = recorded(profile.model)
-    order = sorted(entry["tok_s"], key=lambda k: -entry["tok_s"][k]) if entry else list(BY_BYTES)
+    order = sorted(entry["tok_s"], key=lambda k: -entry["tok_s"][k]) if entry else list(FALLBACK)
     if wanted == AUTO:
         if entry is None:
             return "float32", "weights = \"auto\": nothing measured on this machine yet, so float32 (run `python -m termchat.bench.formats --record`)"
