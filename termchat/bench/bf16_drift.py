@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
              "post-attention norm (+ residual)": five.post_attention_layernorm, "gate_up": five.mlp.gate_up_proj, "down": five.mlp.down_proj}
     for name, module in parts.items():
         module.register_forward_pre_hook(lambda m, a, name=name: steps.setdefault(name, [[t.clone() if torch.is_tensor(t) else t for t in a]]) and None)
-        module.register_forward_hook(lambda m, a, o, name=name: steps[name].append(list(o) if isinstance(o, tuple) else [o]) if len(steps[name]) == 1 else None)
+        # clones: the norms work in place, and the next layer's norm rewrites the residual
+        module.register_forward_hook(lambda m, a, o, name=name: steps[name].append([t.clone() if torch.is_tensor(t) else t for t in (o if isinstance(o, tuple) else (o,))]) if len(steps[name]) == 1 else None)
     llm.generate(TokensPrompt(prompt_token_ids=ids), SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
 
     rel = lambda x, ref: float((x - ref).norm() / ref.norm())  # noqa: E731
@@ -84,22 +85,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:5d}  {rel(b16[k], ref):17.2e}  {rel(outs[k], ref):9.2e}")
 
     print("\nvLLM layer 5, each step against its exact result on the same inputs:")
-    print(f"{'step':34} {'error':>9} {'one rounding':>13} {'shared by positions':>20}")
+    print(f"{'step':38} {'error':>9} {'one rounding':>13} {'shared by positions':>20}")
 
     def show(name, got, exact):
-        got, exact = got[:n].double(), exact[:n].double()
+        got, exact = got[:n].detach().double(), exact[:n].detach().double()
         shared = (got - exact).mean(0).norm() * math.sqrt(n) / exact.norm()
-        print(f"{name:34} {rel(got, exact):9.2e} {rel(exact.bfloat16().double(), exact):13.2e} {float(shared):20.2e}")
+        print(f"{name:38} {rel(got, exact):9.2e} {rel(exact.bfloat16().double(), exact):13.2e} {float(shared):20.2e}")
 
     for name, module in parts.items():
         (inputs, outputs) = steps[name]
         if "norm" in name:
             total = inputs[0].double() + inputs[1].double()
             show(name.replace(" (+ residual)", ": the residual sum"), outputs[1], total)
-            norm = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + module.variance_epsilon) * module.weight.double()
+            norm = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + module.variance_epsilon) * module.weight.detach().double()
             show(name.replace(" (+ residual)", ""), outputs[0], norm)
         else:
-            show(name, outputs[0], inputs[0].double() @ module.weight.double().t())
+            show(name, outputs[0], inputs[0].double() @ module.weight.detach().double().t())
     return 0
 
 

@@ -230,7 +230,7 @@ KV_CACHE_BYTES = 512 * 1024 * 1024
 
 
 # The CPU engine every built-in profile shares: float32 and both cores
-# (faster than bfloat16 on AVX2-only CPUs), compiled (torch.compile: decodes
+# (bfloat16 drifts without AVX512-BF16: engine/weights.BF16_FLAGS), compiled (torch.compile: decodes
 # 1.2-1.5x faster than eager; the first start of each profile on a machine
 # compiles for 1-3 min, later ones load vLLM's cache in seconds, see
 # vllm_plugin.load_cpu_compile_cache), 512 MiB of KV cache, and vLLM and torch imported
