@@ -92,8 +92,13 @@ def test_bfloat16_is_refused_where_vllms_kernels_truncate_and_taken_where_the_cp
     assert fmt == "int4" and "round to bfloat16 by truncation" in why and why.endswith(": int4 instead")
     monkeypatch.setattr(proc, "cpu_flags", lambda: {"avx2", "avx512f"})  # AVX-512 without its BF16 instructions truncates too
     assert weights.choose(local(weights="bfloat16"))[0] == "int4"
+    monkeypatch.setattr(proc, "cpu_flags", lambda: {"avx2", "fma"})
+    warned = weights.finding(local(dtype="bfloat16"))  # set as a dtype, not a format: doctor warns, nothing is changed
+    assert (warned.level, warned.message.endswith('use weights = "auto" or dtype = "float32"')) == ("warning", True)
+    assert weights.applied(local(dtype="bfloat16")).dtype == "bfloat16" and weights.finding(local()) is None
     monkeypatch.setattr(proc, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
     assert weights.choose(local(weights="bfloat16")) == ("bfloat16", 'weights = "bfloat16"')
+    assert weights.finding(local(dtype="bfloat16")) is None
 
 
 def test_the_guard_fails_a_variant_for_loops_only_when_they_outnumber_float32s_beyond_chance():

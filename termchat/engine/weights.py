@@ -116,11 +116,15 @@ def choose(profile) -> tuple[str, str]:
 
 def finding(profile):
     """doctor's line on the profile's weight format: a warning when a forced
-    format is refused here, else the choice and why; None without `weights`."""
+    format is refused here, else the choice and why; without `weights`, a
+    warning for `dtype = "bfloat16"` where it drifts, else None."""
     from termchat.profiles.advisor import Finding
 
-    if profile.is_remote or not profile.weights:
+    if profile.is_remote:
         return None
+    if not profile.weights:
+        reason = refusal("bfloat16") if profile.dtype == "bfloat16" else None
+        return Finding("warning", "dtype", f'{reason}; use weights = "auto" or dtype = "float32"') if reason else None
     fmt, why = choose(profile)
     return Finding("warning" if profile.weights != AUTO and fmt != profile.weights else "info", "weights", why)
 
