@@ -80,11 +80,15 @@ async def continuation_logprob(engine, prompt: str, reply: str) -> tuple[float, 
     return sum(values), len(values)
 
 
+def loop_pairs(variant: list[bool], reference: list[bool]) -> tuple[int, int]:
+    """(prompts whose reply loops only under the variant, those that loop only under the reference)."""
+    return sum(v and not r for v, r in zip(variant, reference)), sum(r and not v for v, r in zip(variant, reference))
+
+
 def more_loops_than_chance(variant: list[bool], reference: list[bool], alpha: float = 0.05) -> bool:
     """Do the prompts whose reply loops only under the variant outnumber those
     that loop only under the reference by more than chance (one-sided sign test)?"""
-    worse = sum(v and not r for v, r in zip(variant, reference))
-    better = sum(r and not v for v, r in zip(variant, reference))
+    worse, better = loop_pairs(variant, reference)
     n = worse + better
     p = sum(math.comb(n, k) for k in range(worse, n + 1)) / 2**n if n else 1.0
     return p < alpha
@@ -172,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     row("mean log-probability of float32's greedy replies", [f"{verdicts[n]['mean']:.4f}" for n in names])
     row("shift from float32 (limit 1%)", [f"{verdicts[n]['shift']:.2%}" for n in names])
     row(f"distinct-2 of its {len(looped_at)} 128-token replies / replies that loop", [f"{verdicts[n]['d2']:.3f} / {verdicts[n]['loops']}" for n in names])
-    row("replies that loop here and not under float32 / the reverse", [f"{sum(v and not r for v, r in zip(verdicts[n]['looped'], verdicts['float32']['looped']))} / {sum(r and not v for v, r in zip(verdicts[n]['looped'], verdicts['float32']['looped']))}" for n in names])
+    row("replies that loop here and not under float32 / the reverse", ["{} / {}".format(*loop_pairs(verdicts[n]["looped"], verdicts["float32"]["looped"])) for n in names])
     row("code replies' Python blocks that parse", [f"{verdicts[n]['parsed']}/{verdicts[n]['blocks']}" for n in names])
     row(f"greedy first {GUARD_TOKENS} tokens identical to float32's (decides nothing)", [f"{verdicts[n]['identical']}/{len(prompts)}" for n in names])
     ref = verdicts["float32"]
