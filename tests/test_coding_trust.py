@@ -491,7 +491,7 @@ def test_config_strings_reach_the_terminal_inert(tmp_path, capsys):
     toml = hostile.replace("\x1b", "\\u001b").replace("\x07", "\\u0007")
     config.write_text(f'[profiles.x]\ndescription = "{toml}"\nmodel = "m\\u001b[31m"\nengine_args = {{ "x\\u001b[2J" = 1 }}\n')
     broken = tmp_path / "broken.toml"
-    broken.write_text(f'[profiles.y]\nmodel = "m"\nmax_tokens = "many\\u001b[2J"\n')
+    broken.write_text('[profiles.y]\nmodel = "m"\nmax_tokens = "many\\u001b[2J"\n')
     for file, argv in ((config, ["profiles", "list"]), (config, ["serve", "--dry-run", "--profile", "x"]), (broken, ["profiles", "check"])):
         main(["--config", str(file), *argv])
         out = capsys.readouterr()

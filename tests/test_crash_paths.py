@@ -7,8 +7,6 @@ vLLM): the real engine cannot be made to send only comments.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import sqlite3
 import stat
 import time

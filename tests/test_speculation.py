@@ -207,19 +207,26 @@ def test_stopping_an_engine_leaves_no_process(nospec_engine):
     assert not [p for p in vllm_processes() if f"--port {port}" in p]
 
 
-def test_draft_equal_to_target_accepts_everything_at_temperature_0(prepared_model):
+@pytest.fixture(scope="module")
+def self_draft_engine(prepared_model):
+    """config.example.toml's `local-draft` (the model drafting for itself) with
+    probabilistic drafting, one engine for both acceptance tests below: at T=0
+    a probabilistic draft is the argmax, as a greedy one is."""
     profile = load_config(ROOT / "config.example.toml").get("local-draft")
+    profile = replace(profile, speculative=profile.speculative.with_changes(draft_sample_method="probabilistic"))
     engine = open_engine(profile, attach=False)
-    try:
-        stream = complete_sync(engine, [{"role": "user", "content": "Explain what a linked list is."}], Sampling(temperature=0.0, max_tokens=96))
-    finally:
-        engine.stop()
-    assert stream.stats.acceptance_source == "server"
-    assert stream.stats.acceptance_rate >= 0.95, stream.stats.summary()
+    yield engine
+    engine.stop()
     assert group_alive(engine.pid) == []
 
 
-def test_a_model_drafting_for_itself_is_accepted_at_temperature_0_7_and_1(prepared_model):
+def test_draft_equal_to_target_accepts_everything_at_temperature_0(self_draft_engine):
+    stream = complete_sync(self_draft_engine, [{"role": "user", "content": "Explain what a linked list is."}], Sampling(temperature=0.0, max_tokens=96))
+    assert stream.stats.acceptance_source == "server"
+    assert stream.stats.acceptance_rate >= 0.95, stream.stats.summary()
+
+
+def test_a_model_drafting_for_itself_is_accepted_at_temperature_0_7_and_1(self_draft_engine):
     """Probabilistic drafting with draft == target: every draft must pass.
 
     vLLM's draft ignores top-p (it samples with the temperature only), so with
@@ -227,14 +234,8 @@ def test_a_model_drafting_for_itself_is_accepted_at_temperature_0_7_and_1(prepar
     per-token acceptance is then the nucleus mass, at least 0.9 by definition,
     and the rate over all proposed drafts is lower (after a rejection the rest
     of the step's drafts are discarded)."""
-    profile = load_config(ROOT / "config.example.toml").get("local-draft")
-    profile = replace(profile, speculative=profile.speculative.with_changes(draft_sample_method="probabilistic"))
-    engine = open_engine(profile, attach=False)
     prompts = [verify.SAMPLED_PROMPTS[0], "Write a short poem about the sea at night."]
-    try:
-        results = {(t, p): asyncio.run(verify.sample(engine, prompts, 3, t, p, max_tokens=64)) for t in (0.7, 1.0) for p in (1.0, 0.9)}
-    finally:
-        engine.stop()
+    results = {(t, p): asyncio.run(verify.sample(self_draft_engine, prompts, 3, t, p, max_tokens=64)) for t in (0.7, 1.0) for p in (1.0, 0.9)}
     for (temperature, top_p), streams in results.items():
         rate, per_token = verify.acceptance(streams)
         where = f"T={temperature} top_p={top_p}: rate {rate:.3f}, per token {per_token:.3f}"
