@@ -113,3 +113,18 @@ def test_the_guard_fails_a_variant_for_loops_only_when_they_outnumber_float32s_b
     assert more_loops_than_chance(five_more, f32)
     assert not more_loops_than_chance(f32, five_more)  # fewer loops never fails
     assert not more_loops_than_chance([False] * 60, [False] * 60)
+
+
+def test_the_repetition_bench_pairs_each_format_with_the_first_reply_by_reply(capsys):
+    from termchat.bench.repetition import print_paired
+
+    looping = " ".join(["the sea is blue"] * 20)
+    varied = "a walk in the forest in autumn, leaves falling on the path while the wind turns cold"
+    # reply by reply: int4 loops where float32 does not twice, never the reverse
+    results = {
+        "float32, guard": [("chat", varied, "stop"), ("chat", varied, "stop"), ("chat", looping, "length")],
+        "int4, guard": [("chat", looping, "length"), ("chat", looping, "length"), ("chat", looping, "length")],
+    }
+    print_paired(results, ["float32", "int4"], ["guard"])
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    assert row.startswith("| int4, guard | 2 / 0 (p 0.250) | 2 / 0 (p 0.250) |"), row

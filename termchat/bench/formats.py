@@ -85,13 +85,17 @@ def loop_pairs(variant: list[bool], reference: list[bool]) -> tuple[int, int]:
     return sum(v and not r for v, r in zip(variant, reference)), sum(r and not v for v, r in zip(variant, reference))
 
 
+def sign_test_p(worse: int, better: int) -> float:
+    """One-sided sign test: the chance of `worse` or more of `worse + better`
+    discordant pairs going one way if either way were equally likely."""
+    n = worse + better
+    return sum(math.comb(n, k) for k in range(worse, n + 1)) / 2**n if n else 1.0
+
+
 def more_loops_than_chance(variant: list[bool], reference: list[bool], alpha: float = 0.05) -> bool:
     """Do the prompts whose reply loops only under the variant outnumber those
     that loop only under the reference by more than chance (one-sided sign test)?"""
-    worse, better = loop_pairs(variant, reference)
-    n = worse + better
-    p = sum(math.comb(n, k) for k in range(worse, n + 1)) / 2**n if n else 1.0
-    return p < alpha
+    return sign_test_p(*loop_pairs(variant, reference)) < alpha
 
 
 def run_engine(profile, prompts: list[str], references: list[str] | None, loop_prompts: list[str]):

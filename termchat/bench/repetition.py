@@ -85,6 +85,25 @@ def parses(text: str) -> bool | None:
     return True
 
 
+def print_paired(results: dict[str, list[tuple]], formats: list[str], settings: list[str]) -> None:
+    """Each format against the first, reply by reply (same prompt, seed and
+    setting): loops one way and not the other, and which reply has the lower
+    distinct-2, each with a one-sided sign test's p (ties left out)."""
+    from termchat.bench.formats import loop_pairs, sign_test_p
+
+    print(f"\nPaired with {formats[0]} (same prompt, seed and setting):\n")
+    print(f"| format, setting | loops here only / in {formats[0]} only (p) | distinct-2 lower here / higher here (p) | mean distinct-2 difference |")
+    print("|---|---|---|---|")
+    for fmt in formats[1:]:
+        for name in settings:
+            mine, ref = results[f"{fmt}, {name}"], results[f"{formats[0]}, {name}"]
+            worse, better = loop_pairs([loops(t) for _, t, _ in mine], [loops(t) for _, t, _ in ref])
+            d2 = [(distinct_2(a), distinct_2(b)) for (_, a, _), (_, b, _) in zip(mine, ref)]
+            lower, higher = sum(a < b for a, b in d2), sum(a > b for a, b in d2)
+            diff = statistics.fmean(a - b for a, b in d2)
+            print(f"| {fmt}, {name} | {worse} / {better} (p {sign_test_p(worse, better):.3f}) | {lower} / {higher} (p {sign_test_p(lower, higher):.3f}) | {diff:+.3f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m termchat.bench.repetition", description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-category", type=int, default=6)
@@ -94,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", help=f"comma-separated, of: {'; '.join(SETTINGS)} (default: all)")
     parser.add_argument("--everyday", action="store_true", help="six everyday text prompts instead of the bench's")
     parser.add_argument("--seeds", type=int, default=1, help="replies per prompt and setting, each with its own seed")
-    parser.add_argument("--format", help=f"instead of --profile: the default profile's engine without speculation in this weight format ({', '.join(WEIGHT_FORMATS)})")
+    parser.add_argument("--first-seed", type=int, default=1, help="the first of those seeds (a fresh sample: seeds not used before)")
+    parser.add_argument("--format", help=f"instead of --profile: the default profile's engine without speculation in this weight format ({', '.join(WEIGHT_FORMATS)}); "
+                        "several, comma-separated, run one after the other on the same prompts and seeds, each compared reply by reply with the first")
     parser.add_argument("--show-loops", action="store_true", help="print the start and end of every reply counted as a loop (to judge false alarms)")
     args = parser.parse_args(argv)
     names = args.settings.split(",") if args.settings else list(SETTINGS)
@@ -102,12 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown setting {', '.join(map(repr, unknown))}; known: {'; '.join(SETTINGS)}")
     settings = {name: SETTINGS[name] for name in names}
-    profile = builtin_profiles()[args.profile]
+    engines = {args.profile: builtin_profiles()[args.profile]}
     if args.format:
         try:
-            profile = in_format(builtin_profiles()["local"].without_speculation(), args.format)
+            engines = {f: in_format(builtin_profiles()["local"].without_speculation(), f) for f in (f.strip() for f in args.format.split(",")) if f}
         except UserError as exc:
             parser.error(str(exc))
+    profile = next(iter(engines.values()))  # the sampling settings are the default profile's in every format
     by_category: dict[str, list] = {}
     try:
         chosen = builtin(args.categories.split(",") if args.categories else None)
@@ -122,30 +144,34 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [BenchPrompt(f"everyday-{i}", "everyday", text) for i, text in enumerate(EVERYDAY)]
         by_category = {"everyday": prompts}
     started = time.monotonic()
-    engine = open_engine(profile, progress=lambda line: print(line, file=sys.stderr), attach=False)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     results: dict[str, list[tuple]] = {}
-    try:
-        for name, knobs in settings.items():
-            gate = asyncio.Semaphore(4)
+    for label, profile in engines.items():
+        engine = open_engine(profile, progress=lambda line: print(line, file=sys.stderr), attach=False)
+        try:
+            for name, knobs in settings.items():
+                gate = asyncio.Semaphore(4)
 
-            async def one(prompt, seed, knobs=knobs):
-                value, kind = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
-                chosen = profile.guard(kind.kind) if knobs is None else knobs
-                async with gate:
-                    stream = await complete(engine, [{"role": "system", "content": profile.system_prompt}, {"role": "user", "content": prompt.text}], Sampling(temperature=value, top_p=profile.top_p, max_tokens=args.max_tokens, seed=seed, **chosen))
-                return prompt.category, stream.text, stream.stats.finish_reason if stream.stats else None
+                async def one(prompt, seed, knobs=knobs, profile=profile, engine=engine):
+                    value, kind = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
+                    chosen = profile.guard(kind.kind) if knobs is None else knobs
+                    async with gate:
+                        stream = await complete(engine, [{"role": "system", "content": profile.system_prompt}, {"role": "user", "content": prompt.text}], Sampling(temperature=value, top_p=profile.top_p, max_tokens=args.max_tokens, seed=seed, **chosen))
+                    return prompt.category, stream.text, stream.stats.finish_reason if stream.stats else None
 
-            async def every():
-                return await asyncio.gather(*(one(p, seed) for p in prompts for seed in range(1, args.seeds + 1)))
+                async def every(one=one):
+                    return await asyncio.gather(*(one(p, seed) for p in prompts for seed in seeds))
 
-            results[name] = engine.run(every)
-            print(f"{name}: done ({time.monotonic() - started:.0f} s)", file=sys.stderr)
-    finally:
-        engine.stop()
+                key = name if len(engines) == 1 else f"{label}, {name}"
+                results[key] = engine.run(every)
+                print(f"{key}: done ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+        finally:
+            engine.stop()
     from termchat.bench.command import machine_line
 
     print(machine_line())
-    print(f"{len(prompts)} {'everyday' if args.everyday else 'built-in'} prompts, {args.seeds} reply(ies) each per setting, up to {args.max_tokens} tokens, T = 0 for code and {profile.temperature:g} otherwise, profile {profile.name}\n")
+    print(f"{len(prompts)} {'everyday' if args.everyday else 'built-in'} prompts, {args.seeds} reply(ies) each per setting (seeds {seeds[0]}-{seeds[-1]}), up to {args.max_tokens} tokens, "
+          f"T = 0 for code and {profile.temperature:g} otherwise, {'formats ' + ', '.join(engines) if args.format else 'profile ' + profile.name}\n")
     print("| setting | distinct-2 | repeated lines | looping | loops (4-gram > 25% or 6-gram x4) | code that parses | distinct-2 by category |")
     print("|---|---|---|---|---|---|---|")
     for name, rows in results.items():
@@ -157,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         by = " ".join(f"{c} {statistics.fmean(distinct_2(t) for cat, t, _ in rows if cat == c):.2f}" for c in by_category)
         looped = sum(loops(text) for _, text, _ in rows)
         print(f"| {name} | {d2:.3f} | {rep:.1%} | {looping}/{len(rows)} | {looped}/{len(rows)} | {sum(code)}/{len(code)} | {by} |")
+    if len(engines) > 1:
+        print_paired(results, list(engines), list(settings))
     if args.show_loops:
         for name, rows in results.items():
             for category, text, finish in rows:
