@@ -77,12 +77,15 @@ def cmd_models_prepare(args) -> int:
 
 def cmd_models_list(args) -> int:
     from termchat import models
+    from termchat.engine import weights
 
     for row in models.listing():
         state = f"prepared, {row['bytes'] / 1e6:.0f} MB on disk: {row['format']}" if row["prepared"] else "not prepared (run `termchat models prepare`)"
         lines = [row["name"], f"  {row['summary']}", f"  {row['path']}", f"  {state}"]
         if row.get("per_token"):
             lines.append("  read per token: " + ", ".join(f"{name} {n / 1e6:.0f} MB" for name, n in row["per_token"].items() if n))
+        if row["prepared"]:
+            lines.append("  " + weights.choice_line(row["name"]))
         print(inert("\n".join(lines)))
     return 0
 

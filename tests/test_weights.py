@@ -55,6 +55,9 @@ def test_auto_is_the_recorded_choice_of_this_machine_and_float32_when_there_is_n
     assert clean_record.stat().st_mode & 0o777 == 0o600
     assert weights.choose(local(weights="auto")) == ("int4", 'weights = "auto": int4, measured fastest here passing the quality guard')
     assert weights.choose(replace(local(weights="auto"), model="termchat:other")) [0] == "float32"  # recorded for another model
+    line = weights.choice_line(MODEL)  # what `termchat models list` shows
+    assert line.startswith('weights = "auto" here: int4, the fastest passing the quality guard (decode tok/s int4 30.1, bfloat16 20.0, float32 14.4; measured 20'), line
+    assert weights.choice_line("termchat:other").startswith('weights = "auto" here: float32, nothing measured')
 
 
 def test_a_record_from_another_machine_or_that_does_not_hold_up_is_not_used(clean_record):

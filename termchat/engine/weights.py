@@ -93,6 +93,17 @@ def record(model: str, choice: str, speeds: dict[str, float], passed: dict[str, 
     paths.write_private(record_path(), json.dumps(data, indent=2).encode())
 
 
+def choice_line(model: str) -> str:
+    """`models list`'s line on what `weights = "auto"` runs for `model` here."""
+    entry = recorded(model)
+    if entry is None:
+        return 'weights = "auto" here: float32, nothing measured on this machine yet (`python -m termchat.bench.formats --record`)'
+    speeds = ", ".join(f"{k} {v:.1f}" for k, v in sorted(entry["tok_s"].items(), key=lambda kv: -kv[1]))
+    when = entry.get("measured_at")
+    day = time.strftime("%Y-%m-%d", time.localtime(when)) if isinstance(when, (int, float)) and math.isfinite(when) and when > 0 else "an unknown date"
+    return f'weights = "auto" here: {entry["format"]}, the fastest passing the quality guard (decode tok/s {speeds}; measured {day})'
+
+
 def choose(profile) -> tuple[str, str]:
     """(the format the profile's engine runs, why), or ("", "") when the profile
     names no format (its dtype and quantization stand as written)."""
