@@ -10,8 +10,7 @@ skipped when already done (a stamp in .venv records what was installed):
 2. the CPU or GPU build of vLLM (GPU when `nvidia-smi -L` lists a device);
    for the CPU build, torch's CPU wheel first: from the configured indexes if
    they have it, else from PyTorch's CPU index;
-3. `pip install -e .[cpu|gpu,test]` (all installs with --no-compile: Python
-   byte-compiles what is imported, on first use);
+3. `pip install -e .[cpu|gpu,test]`;
 4. remove torchvision, torchaudio and torchcodec, which PyPI builds for
    another torch ("operator torchvision::nms does not exist"); text models
    do not need them. For the CPU build also triton (1 GB, pulled in by
@@ -79,10 +78,10 @@ def setup() -> None:
         say(f"creating {VENV}")
         run([sys.executable, "-m", "venv", str(VENV)])
     if not stamp.exists() or stamp.read_text() != stamp_text:
-        # --no-compile: pip byte-compiles every file it installs (torch, vLLM, transformers,
-        # sympy: tens of thousands), most never imported; Python writes the .pyc of what
-        # is imported on first use instead (3 packages: 24.9 s against 5.3 s, bench README)
-        pip = [str(python()), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile"]
+        # not --no-compile: pip's byte-compiling costs about 60 s here, but where
+        # PYTHONDONTWRITEBYTECODE is set (CI has it) no .pyc is ever written after,
+        # and every engine process then compiled torch and vLLM again (CI 39 min, not 29)
+        pip = [str(python()), "-m", "pip", "install", "--disable-pip-version-check"]
         if extra == "cpu":
             have_torch = subprocess.run([str(python()), "-c", "import torch, sys; sys.exit(torch.__version__ != '2.13.0+cpu')"], capture_output=True).returncode == 0
             if not have_torch and run(pip + [TORCH_CPU], check=False) != 0:
