@@ -79,7 +79,7 @@ def setup() -> None:
         run([sys.executable, "-m", "venv", str(VENV)])
     if not stamp.exists() or stamp.read_text() != stamp_text:
         # not --no-compile: pip's byte-compiling costs about 60 s here, but where
-        # PYTHONDONTWRITEBYTECODE is set (CI has it) no .pyc is ever written after,
+        # PYTHONDONTWRITEBYTECODE is set (this machine sets it) no .pyc is written after,
         # and every engine process then compiled torch and vLLM again (CI 39 min, not 29)
         pip = [str(python()), "-m", "pip", "install", "--disable-pip-version-check"]
         if extra == "cpu":
