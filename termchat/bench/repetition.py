@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown setting {', '.join(map(repr, unknown))}; known: {'; '.join(SETTINGS)}")
     settings = {name: SETTINGS[name] for name in names}
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
     engines = {args.profile: builtin_profiles()[args.profile]}
     if args.format:
         try:
