@@ -200,7 +200,7 @@ def register(sub, choose) -> None:
     p = sub.add_parser("bench", help="measure speculation against no speculation per prompt category; --profile a,b,c compares profiles", parents=[choose])
     p.add_argument("--categories", help="comma-separated, e.g. code,creative (default: all five)")
     p.add_argument("--prompts", help="a Spec-Bench JSONL file instead of the built-in sets")
-    p.add_argument("--runs", type=int, default=3, help="runs per prompt (default 3; the article used 20); each run starts every engine once, in turn, so host drift falls on all of them")
+    p.add_argument("--runs", type=int, default=3, help="runs per prompt (default 3; the article used 20)")
     p.add_argument("--limit", type=int, help="at most this many prompts per category")
     p.add_argument("--max-tokens", type=int, default=128)
     group = p.add_mutually_exclusive_group()

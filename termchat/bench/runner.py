@@ -5,11 +5,6 @@ swept `num_speculative_tokens`), then without (one baseline engine serves every
 sweep value). On a GPU both would not fit at once, and on a CPU they would
 compete for the cores. Each engine is warmed up first: the first request
 after start-up includes compilation and allocation.
-
-With several runs the engines alternate: each run starts every engine once,
-in turn, for one reply per prompt. A shared host drifts (its memory speed
-moved 1.3-1.5x between runs on one machine), and a baseline measured only
-after all speculative engines took its drift into every ratio.
 """
 
 from __future__ import annotations
@@ -78,32 +73,33 @@ def _seed(prompt: BenchPrompt, run: int) -> int:
     return zlib.crc32(f"{prompt.id}:{run}".encode()) & 0x7FFFFFFF
 
 
-def _requests(engine, profile: Profile, prompts: list[BenchPrompt], run: int, max_tokens: int, temperature: float | None, speculative: bool, progress: Progress, label: str) -> list[Sample]:
+def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, max_tokens: int, temperature: float | None, speculative: bool, progress: Progress, label: str) -> list[Sample]:
     samples = []
     system = [{"role": "system", "content": profile.system_prompt}] if profile.system_prompt else []
     for prompt in prompts:
         value, detected = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
         if temperature is not None:
             value = temperature
-        started = time.monotonic()
-        # log-probabilities at T > 0: the report checks from them that speculation sampled what the model samples without it
-        stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, **(profile.sampling(guard=profile.guard(detected.kind)) | {"max_tokens": max_tokens, "seed": _seed(prompt, run)}), logprobs=value > 0, top_logprobs=TOP_LOGPROBS if value > 0 else 0))
-        stats = stream.stats
-        progress.request(time.monotonic() - started, f"{label} {prompt.id}")
-        if not stats.decode_tokens_per_s:
-            continue  # a one-token reply has no decode phase to measure
-        samples.append(
-            Sample(
-                prompt_id=prompt.id,
-                category=prompt.category,
-                speculative=speculative,
-                stats=stats,
-                run=run,
-                mean_logprob=sum(stream.token_logprobs) / len(stream.token_logprobs) if stream.token_logprobs else None,
-                improbable=count_improbable(stream.token_logprobs) if stream.token_logprobs else None,
-                rank_row=stream_row(stream) if stream.token_top else None,
+        for run in range(runs):
+            started = time.monotonic()
+            # log-probabilities at T > 0: the report checks from them that speculation sampled what the model samples without it
+            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, **(profile.sampling(guard=profile.guard(detected.kind)) | {"max_tokens": max_tokens, "seed": _seed(prompt, run)}), logprobs=value > 0, top_logprobs=TOP_LOGPROBS if value > 0 else 0))
+            stats = stream.stats
+            progress.request(time.monotonic() - started, f"{label} {prompt.id}")
+            if not stats.decode_tokens_per_s:
+                continue  # a one-token reply has no decode phase to measure
+            samples.append(
+                Sample(
+                    prompt_id=prompt.id,
+                    category=prompt.category,
+                    speculative=speculative,
+                    stats=stats,
+                    run=run,
+                    mean_logprob=sum(stream.token_logprobs) / len(stream.token_logprobs) if stream.token_logprobs else None,
+                    improbable=count_improbable(stream.token_logprobs) if stream.token_logprobs else None,
+                    rank_row=stream_row(stream) if stream.token_top else None,
+                )
             )
-        )
     return samples
 
 
@@ -149,31 +145,30 @@ def run(profiles: list[Profile], prompts: list[BenchPrompt], runs: int, max_toke
     groups: dict[str, list[Profile]] = {}
     for profile in profiles:
         groups.setdefault(baseline_key(profile), []).append(profile)
-    per_engine = len(prompts) * len(temperatures)
-    engines = (len(speculative) * len(ks) + len(groups)) * runs
+    per_engine = len(prompts) * runs * len(temperatures)
+    engines = len(speculative) * len(ks) + len(groups)
     progress = Progress(per_engine * engines, engines)
     results: dict[str, dict[Condition, list[Sample]]] = {p.name: {} for p in profiles}
-    for run in range(runs):
-        for members in groups.values():
-            for profile in [p for p in members if p.speculative]:
-                for k in ks:
-                    spec_profile = profile if k is None else replace(profile, speculative=profile.speculative.with_changes(num_speculative_tokens=k))
-                    engine = _start(spec_profile, progress)
-                    try:
-                        for temperature in temperatures:
-                            condition = Condition(k, temperature)
-                            results[profile.name].setdefault(condition, []).extend(_requests(engine, profile, prompts, run, max_tokens, temperature, True, progress, f"run {run + 1}: {profile.name} {condition.label()}"))
-                    finally:
-                        engine.stop()
-            first = members[0]
-            engine = _start(first.without_speculation(), progress)
-            try:
-                for temperature in temperatures:
-                    baseline = _requests(engine, first, prompts, run, max_tokens, temperature, False, progress, f"run {run + 1}: baseline T={'auto' if temperature is None else temperature}")
-                    for profile in members:
-                        for k in ks if profile.speculative else [None]:
-                            results[profile.name].setdefault(Condition(k, temperature), []).extend(baseline)
-            finally:
-                engine.stop()
+    for members in groups.values():
+        for profile in [p for p in members if p.speculative]:
+            for k in ks:
+                spec_profile = profile if k is None else replace(profile, speculative=profile.speculative.with_changes(num_speculative_tokens=k))
+                engine = _start(spec_profile, progress)
+                try:
+                    for temperature in temperatures:
+                        condition = Condition(k, temperature)
+                        results[profile.name][condition] = _requests(engine, profile, prompts, runs, max_tokens, temperature, True, progress, f"{profile.name} {condition.label()}")
+                finally:
+                    engine.stop()
+        first = members[0]
+        engine = _start(first.without_speculation(), progress)
+        try:
+            for temperature in temperatures:
+                baseline = _requests(engine, first, prompts, runs, max_tokens, temperature, False, progress, f"baseline T={'auto' if temperature is None else temperature}")
+                for profile in members:
+                    for k in ks if profile.speculative else [None]:
+                        results[profile.name].setdefault(Condition(k, temperature), []).extend(baseline)
+        finally:
+            engine.stop()
     progress.say(f"done in {(time.monotonic() - progress.started) / 60:.1f} min")
     return results
