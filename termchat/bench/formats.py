@@ -40,12 +40,12 @@ one after the other (`--runs` alternations), plain decoding.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 
 from termchat.bench.prompt_sets import builtin
 from termchat.bench import roofline
+from termchat.bench.repetition import distinct_2, loop_pairs, parses, sign_test_p
 from termchat.bench.roofline import read_bandwidth
 from termchat.engine.client import Sampling, complete_sync
 from termchat.engine import weights
@@ -80,18 +80,6 @@ async def continuation_logprob(engine, prompt: str, reply: str) -> tuple[float, 
     return sum(values), len(values)
 
 
-def loop_pairs(variant: list[bool], reference: list[bool]) -> tuple[int, int]:
-    """(prompts whose reply loops only under the variant, those that loop only under the reference)."""
-    return sum(v and not r for v, r in zip(variant, reference)), sum(r and not v for v, r in zip(variant, reference))
-
-
-def sign_test_p(worse: int, better: int) -> float:
-    """One-sided sign test: the chance of `worse` or more of `worse + better`
-    discordant pairs going one way if either way were equally likely."""
-    n = worse + better
-    return sum(math.comb(n, k) for k in range(worse, n + 1)) / 2**n if n else 1.0
-
-
 def more_loops_than_chance(variant: list[bool], reference: list[bool], alpha: float = 0.05) -> bool:
     """Do the prompts whose reply loops only under the variant outnumber those
     that loop only under the reference by more than chance (one-sided sign test)?"""
@@ -123,7 +111,6 @@ def variants(names: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from termchat.bench.repetition import distinct_2, parses
     from termchat.chat.loops import loops
     from termchat.bench.command import machine_line
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import math
 import re
 import statistics
 import sys
@@ -85,12 +86,22 @@ def parses(text: str) -> bool | None:
     return True
 
 
+def loop_pairs(variant: list[bool], reference: list[bool]) -> tuple[int, int]:
+    """(prompts whose reply loops only under the variant, those that loop only under the reference)."""
+    return sum(v and not r for v, r in zip(variant, reference)), sum(r and not v for v, r in zip(variant, reference))
+
+
+def sign_test_p(worse: int, better: int) -> float:
+    """One-sided sign test: the chance of `worse` or more of `worse + better`
+    discordant pairs going one way if either way were equally likely."""
+    n = worse + better
+    return sum(math.comb(n, k) for k in range(worse, n + 1)) / 2**n if n else 1.0
+
+
 def print_paired(results: dict[str, list[tuple]], formats: list[str], settings: list[str]) -> None:
     """Each format against the first, reply by reply (same prompt, seed and
     setting): loops one way and not the other, and which reply has the lower
     distinct-2, each with a one-sided sign test's p (ties left out)."""
-    from termchat.bench.formats import loop_pairs, sign_test_p
-
     print(f"\nPaired with {formats[0]} (same prompt, seed and setting):\n")
     print(f"| format, setting | loops here only / in {formats[0]} only (p) | distinct-2 lower here / higher here (p) | mean distinct-2 difference |")
     print("|---|---|---|---|")
