@@ -58,6 +58,10 @@ def test_auto_is_the_recorded_choice_of_this_machine_and_float32_when_there_is_n
     line = weights.choice_line(MODEL)  # what `termchat models list` shows
     assert line.startswith('weights = "auto" here: int4, the fastest passing the quality guard (decode tok/s int4 30.1, bfloat16 20.0, float32 14.4; measured 20'), line
     assert weights.choice_line("termchat:other").startswith('weights = "auto" here: float32, nothing measured')
+    weights.record(MODEL, "bfloat16", {"float32": 14.4, "bfloat16": 20.0}, {"float32": True, "bfloat16": True}, "machine: test")
+    with pytest.MonkeyPatch.context() as patch:  # recorded before bfloat16 was refused on this CPU: the line says what runs
+        patch.setattr(weights, "refusal", lambda fmt: "no rounding instruction here" if fmt == "bfloat16" else None)
+        assert weights.choice_line(MODEL) == 'weights = "auto" here: float32 (no rounding instruction here: float32 instead)'
 
 
 def test_a_record_from_another_machine_or_that_does_not_hold_up_is_not_used(clean_record):

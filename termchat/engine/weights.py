@@ -94,23 +94,31 @@ def record(model: str, choice: str, speeds: dict[str, float], passed: dict[str, 
 
 
 def choice_line(model: str) -> str:
-    """`models list`'s line on what `weights = "auto"` runs for `model` here."""
+    """`models list`'s line on what `weights = "auto"` runs for `model` here:
+    choose()'s answer, with the record's speeds and date beside it."""
+    fmt, why = choose_format(AUTO, model)
     entry = recorded(model)
     if entry is None:
-        return 'weights = "auto" here: float32, nothing measured on this machine yet (`python -m termchat.bench.formats --record`)'
+        return f'weights = "auto" here: {fmt}, nothing measured on this machine yet (`python -m termchat.bench.formats --record`)'
+    if fmt != entry["format"]:
+        return f'weights = "auto" here: {fmt} ({why})'
     speeds = ", ".join(f"{k} {v:.1f}" for k, v in sorted(entry["tok_s"].items(), key=lambda kv: -kv[1]))
     when = entry.get("measured_at")
     day = time.strftime("%Y-%m-%d", time.localtime(when)) if isinstance(when, (int, float)) and math.isfinite(when) and when > 0 else "an unknown date"
-    return f'weights = "auto" here: {entry["format"]}, the fastest passing the quality guard (decode tok/s {speeds}; measured {day})'
+    return f'weights = "auto" here: {fmt}, the fastest passing the quality guard (decode tok/s {speeds}; measured {day})'
 
 
 def choose(profile) -> tuple[str, str]:
     """(the format the profile's engine runs, why), or ("", "") when the profile
     names no format (its dtype and quantization stand as written)."""
-    wanted = profile.weights
+    return choose_format(profile.weights, profile.model)
+
+
+def choose_format(wanted: str | None, model: str) -> tuple[str, str]:
+    """choose() for a format asked for (`weights`) and a model."""
     if wanted is None:
         return "", ""
-    entry = recorded(profile.model)
+    entry = recorded(model)
     order = sorted(entry["tok_s"], key=lambda k: -entry["tok_s"][k]) if entry else list(FALLBACK)
     if wanted == AUTO:
         if entry is None:
