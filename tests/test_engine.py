@@ -123,7 +123,7 @@ def test_the_engine_core_runs_rmsnorm_on_vllms_cpu_kernels(shared_engine):
 def test_a_cpu_engine_loads_cached_kernels_without_torchs_compiler_probes_unless_the_user_asks():
     # vllm_plugin.quick_compiled_load: torch's inductor dlopen-probed each vector ISA in nine
     # fresh Pythons and preprocessed its header with g++ on every compiled start (1.6 s of 1.9)
-    code = ("from termchat.engine import vllm_plugin; print(vllm_plugin.quick_compiled_load()); "
+    code = ("from termchat.vllm_ext import plugin as vllm_plugin; print(vllm_plugin.quick_compiled_load()); "
             "from torch._inductor import config; print(config.cpp.vec_isa_ok, config.cpp_cache_precompile_headers)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -136,7 +136,7 @@ def test_a_cpu_engine_loads_cached_kernels_without_torchs_compiler_probes_unless
 def test_vllms_cpu_rmsnorm_kernels_compute_what_the_native_norm_computes():
     import torch
 
-    from termchat.engine import vllm_plugin
+    from termchat.vllm_ext import plugin as vllm_plugin
 
     vllm_plugin.use_cpu_norm_kernels()
     from vllm import ir

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from termchat.engine import vllm_int4  # noqa: E402
+from termchat.vllm_ext import int4 as vllm_int4  # noqa: E402
 
 
 def q4_1_weights(n: int, k: int, seed: int = 0):

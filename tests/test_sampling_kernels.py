@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from termchat.engine import vllm_plugin  # noqa: E402
+from termchat.vllm_ext import plugin as vllm_plugin  # noqa: E402
 
 SEEDS = range(25)
 

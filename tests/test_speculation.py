@@ -134,7 +134,7 @@ def test_speculation_with_penalties_at_temperature_0_7_samples_what_the_model_sa
 
 
 def test_a_seed_gives_the_same_reply_at_temperature_0_7_and_1_whatever_the_drafts(shared_engine, ngram_engine, nospec_engine, without_speculation):
-    """A seeded request is sampled by output position (engine/vllm_plugin.sample_by_position):
+    """A seeded request is sampled by output position (vllm_ext/plugin.sample_by_position):
     plain, ngram and suffix decoding give one text per (prompt, T) for seed 7, and suffix gives
     it again once its cache holds those replies (other drafts, the same text). Before, vLLM drew
     a request's noise step by step, and three runs of one seeded prompt on `local` gave three

@@ -10,7 +10,7 @@ runs as the default profile's engine without speculation (compiled):
 - float32: the reference (the default model's weights are its GGUF's
   dequantized blocks);
 - bfloat16: `dtype = "bfloat16"`;
-- int4: `quantization = "termchat_int4"` (engine/vllm_int4.py: the layers'
+- int4: `quantization = "termchat_int4"` (vllm_ext/int4.py: the layers'
   Q4_1 codes on torch's int4 kernel, the output layer in bfloat16);
   int4-f32head: the same with a float32 output layer; int4-int4head: with
   the output layer on the int4 kernel too (its Q8_0 weights quantized again);

@@ -63,7 +63,7 @@ def fork_engine_core() -> None:
     fork-safe: the child hangs in its first parallel region); the one such
     work here was termchat's own sampling self-check, which therefore runs
     in the forked child instead (vllm_plugin.defer_to_forked_children)."""
-    from termchat.engine import vllm_plugin
+    from termchat.vllm_ext import plugin as vllm_plugin
 
     vllm_plugin.defer_to_forked_children()  # first: importing vLLM may run the plugin
     from vllm.platforms import cpu

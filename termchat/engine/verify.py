@@ -244,7 +244,7 @@ async def sample(
 ) -> list[ChatStream]:
     """`replies` unseeded replies per prompt, with the log-probability of each sampled
     token: independent draws, through vLLM's own rejection sampler (a seeded request
-    is verified by position instead: engine/vllm_plugin.sample_by_position)."""
+    is verified by position instead: vllm_ext/plugin.sample_by_position)."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(prompt: str) -> ChatStream:

@@ -236,7 +236,7 @@ def _convert(gguf: Path, target: Path, source: dict, quiet: bool) -> Path:
 
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-INT4_BYTES = 0.5 + 4 / 32  # a code, and a bfloat16 scale and zero per 32 (engine/vllm_int4.py)
+INT4_BYTES = 0.5 + 4 / 32  # a code, and a bfloat16 scale and zero per 32 (vllm_ext/int4.py)
 # quantization -> bytes per weight of the output layer (the layers: INT4_BYTES)
 INT4_HEADS = {"termchat_int4": 2, "termchat_int4_f32head": 4, "termchat_int4_int4head": INT4_BYTES, "termchat_int4_int8head": 1}
 

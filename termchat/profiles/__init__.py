@@ -272,7 +272,7 @@ def is_loopback(url: str) -> bool:
 WEIGHT_FORMATS = {
     "float32": {"dtype": "float32"},
     "bfloat16": {"dtype": "bfloat16"},
-    "int4": {"quantization": "termchat_int4"},  # engine/vllm_int4.py; output layer bfloat16
+    "int4": {"quantization": "termchat_int4"},  # vllm_ext/int4.py; output layer bfloat16
     "int4-f32head": {"quantization": "termchat_int4_f32head"},
     "int4-int4head": {"quantization": "termchat_int4_int4head"},  # the output layer in 4 bits too
     "int4-int8head": {"quantization": "termchat_int4_int8head"},  # the output layer in 8 bits, a scale per row

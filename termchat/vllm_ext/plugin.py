@@ -26,8 +26,8 @@ writes on the CPU but cannot read back. (short_compiled_warm_up): a compiled
 engine's warm-up without the 2048-token profiling pass it does not need, and
 (quick_compiled_load) its cached kernels loaded without torch's g++ probes.
 
-Nothing here imports the rest of termchat (but its sibling vllm_int4, the
-`termchat_int4` quantization it registers), and nothing runs at import time.
+Nothing here imports the rest of termchat (but its siblings in vllm_ext, the
+quantizations it registers), and nothing runs at import time.
 """
 
 from __future__ import annotations
@@ -609,9 +609,9 @@ def register() -> None:
     except Exception as exc:  # never stop vLLM from starting: it compiles again, as before
         logger.warning("termchat: could not mend the CPU compile cache loader (%s: %s)", type(exc).__name__, exc)
     try:
-        from termchat.engine import vllm_int4  # imports nothing else of termchat
+        from termchat.vllm_ext import int4  # imports nothing else of termchat
 
-        vllm_int4.register()  # only registers a name and a class: the API server validates the flag
+        int4.register()  # only registers a name and a class: the API server validates the flag
     except Exception as exc:  # never stop vLLM from starting: profiles asking for it then fail to start
         logger.warning("termchat: could not register the termchat_int4 quantization (%s: %s)", type(exc).__name__, exc)
     try:

@@ -30,7 +30,7 @@ quantization, so only the quality guard can admit it. `termchat_int4_int8head`
 puts it on torch's int8 weight-only kernel (`_weight_int8pack_mm`: one scale
 per row, where Q8_0 has one per 32 weights, so it too is quantized again):
 28 MB a step.
-Registered by the vLLM plugin (vllm_plugin.register); nothing here imports
+Registered by the vLLM plugin (plugin.register); nothing here imports
 the rest of termchat.
 """
 
