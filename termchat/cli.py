@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import shlex
 import signal
 import sys
 
-from termchat import __version__
+from termchat import __version__, limits
 from termchat.errors import UserError
-from termchat.sanitize import inert  # config strings and server text printed: never escape sequences
+from termchat.sanitize import inert, one_line, shell_line, shell_word  # config strings and server text printed: never escape sequences
 
 
 def _config(args):
@@ -114,10 +115,14 @@ def cmd_models_found(args) -> int:
         return 0
     for item in items:
         size = f"{item.bytes / 1e9:.2f} GB" if item.bytes >= 1e9 else f"{item.bytes / 1e6:.1f} MB"
-        lines = [f"{item.store}: {item.name}  ({size})", f"  {item.summary}"]
-        if item.convertible:
-            lines.append(f"  termchat models add {shlex.quote(str(item.path))} --name {item.suggested_name}")
-        print(inert("\n".join(lines)))
+        # each field on its own line, folded: a name holding a line break cannot print a line of its own
+        lines = [f"{item.store}: {one_line(item.name, 300)}  ({size})", f"  {one_line(item.summary, 300)}"]
+        path = str(item.path)
+        if item.convertible and path.isprintable():
+            lines.append(f"  termchat models add {shlex.quote(path)} --name {item.suggested_name}")
+        elif item.convertible:
+            lines.append(f"  its path holds a control character or line break ({one_line(path, 200)}); rename the file, then `termchat models add` it")
+        print("\n".join(lines))
     return 0
 
 
@@ -133,9 +138,9 @@ def cmd_serve(args) -> int:
     if profile.is_remote:
         raise UserError(f"profile '{profile.name}' points at a remote endpoint ({profile.endpoint}); there is nothing to serve here")
     if args.dry_run:
-        print(inert(shlex.join(server_command(profile, args.port or "PORT", resolve_model=False))))
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in profile.env.items())
-        print(inert(f"# environment: {env + ' ' if env else ''}VLLM_API_KEY=<random, per start>"))
+        print(shell_line(server_command(profile, args.port or "PORT", resolve_model=False)))  # exact, and inert on a terminal
+        env = " ".join(f"{shell_word(k)}={shell_word(v)}" for k, v in profile.env.items())
+        print(f"# environment: {env + ' ' if env else ''}VLLM_API_KEY=<random, per start>")
         return 0
     show, done = _progress_printer()
 
@@ -271,12 +276,19 @@ def cmd_classify(args) -> int:
     profile = _config(args).get(args.profile)
     from termchat.sanitize import decoded, valid
 
-    for number, raw in enumerate(sys.stdin.buffer, start=1):
+    for number in itertools.count(1):
+        raw = sys.stdin.buffer.readline(limits.CLASSIFY_LINE + 1)
+        if not raw:
+            break
+        if len(raw) > limits.CLASSIFY_LINE:
+            raise UserError(f"<stdin>:{number}: a line of over {limits.CLASSIFY_LINE >> 20} MiB, termchat's limit for one prompt")
         line = decoded(raw)[0]
         if not line.strip():
             continue
         try:
-            prompt = valid(json.loads(line)["prompt"])[0]
+            prompt = valid(limits.json_loads(line, f"<stdin>:{number}")["prompt"])[0]
+        except limits.Refused as exc:
+            raise UserError(str(exc)) from None
         except (ValueError, KeyError, TypeError):
             raise UserError(f"<stdin>:{number}: expected a JSON object with a \"prompt\" string") from None
         temperature, result = temperature_for(prompt, profile.temperature, profile.code_temperature)
@@ -446,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="a prompt-toolkit line interface instead of the full-screen UI")
     p.set_defaults(func=cmd_chat)
 
-    from termchat.history_cli import register as register_history
+    from termchat.chat.history_cli import register as register_history
 
     register_history(sub)
 

@@ -50,3 +50,15 @@ def parse_real(text: str, low: float | None = None, high: float | None = None) -
     except (ValueError, AttributeError):
         return None
     return real(number, low, high)
+
+
+MAX_TOKEN_ID = 1 << 24  # vocabularies are under 300,000 tokens
+
+
+def token_ids(value: object, limit: int = 4096) -> tuple[int, ...] | None:
+    """A step's token ids: a JSON list of at most `limit` whole numbers in a
+    vocabulary's range, else None (a string's letters are not token ids)."""
+    if not isinstance(value, list) or len(value) > limit:
+        return None
+    ids = tuple(count(v, MAX_TOKEN_ID) for v in value)
+    return None if any(i is None for i in ids) else ids

@@ -77,9 +77,14 @@ def private_dir(path: Path) -> Path:
 
 
 def tighten(path: Path) -> None:
-    """0600 for a file others could read; never opens it (see private_file)."""
-    if path.exists() and path.stat().st_mode & 0o077:
-        path.chmod(0o600)
+    """0600 for a regular file others could read; never opens it (see
+    private_file), and never changes what a symlink points at."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
+        os.chmod(path, 0o600)
 
 
 def private_file(path: Path) -> Path:
@@ -92,8 +97,10 @@ def private_file(path: Path) -> Path:
     connection corrupts it)."""
     private_dir(path.parent)
     try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
     except FileExistsError:
+        if not is_plain_file(path):
+            raise OSError(f"{path} is not a regular file of termchat's (a link, a FIFO or a folder); remove it") from None
         tighten(path)
     return path
 
@@ -115,6 +122,21 @@ def read_private(path: Path, limit: int = 1 << 20) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def read_json(path: Path, limit: int | None = None):
+    """A JSON file termchat wrote itself (state, records), read as read_private
+    does and parsed within limits.JSON_DEPTH: its value, or None when it is
+    missing, a link, a FIFO, too big, nested too deep or not JSON."""
+    from termchat import limits
+
+    raw = read_private(path, limits.STATE_FILE if limit is None else limit)
+    if raw is None:
+        return None
+    try:
+        return limits.json_loads(raw, str(path))
+    except ValueError:
+        return None
 
 
 def write_private(path: Path, data: bytes) -> None:

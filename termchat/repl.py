@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prompt_toolkit import PromptSession
-from prompt_toolkit.history import FileHistory
+from prompt_toolkit.history import FileHistory, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
 from pygments import highlight
 from pygments.formatters import Terminal256Formatter
@@ -35,12 +35,13 @@ from termchat.profiles.advisor import plain_http_warning
 from termchat.errors import UserError
 from termchat.profiles import Config
 from termchat.coding.reply_code import CodeBlock, code_blocks
-from termchat.sanitize import Sanitizer, inert
+from termchat.sanitize import Sanitizer, inert, one_line
 from termchat.chat.session import ChatSession
 from termchat.coding.shell import CommandRun
 from termchat.chat.store import Store
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
+HISTORY_LIMIT = 64 << 20  # a repl-history bigger than this is not read at start
 
 
 class ReplyPrinter:
@@ -100,7 +101,14 @@ class Repl(SessionCommands, CodingCommands):
         self.write = write or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
         self.color = sys.stdout.isatty() if color is None else color
         history_file = history_file or paths.data_dir() / "repl-history"
-        paths.private_file(history_file)  # the prompts typed: 0600 in a 0700 folder
+        try:
+            paths.private_file(history_file)  # the prompts typed: 0600 in a 0700 folder, never through a link
+            if history_file.stat().st_size > HISTORY_LIMIT:
+                raise OSError(f"{history_file} is over {HISTORY_LIMIT >> 20} MiB")
+            history = FileHistory(str(history_file))
+        except OSError as exc:
+            history = InMemoryHistory()
+            self.write(f"termchat: the prompts of this session are not kept ({one_line(str(exc), 200)})\n")
         keys = KeyBindings()
 
         @keys.add("enter")
@@ -112,7 +120,7 @@ class Repl(SessionCommands, CodingCommands):
         def _(event):
             event.current_buffer.insert_text("\n")
 
-        self.prompt = PromptSession(history=FileHistory(str(history_file)), input=input, output=output, multiline=True, key_bindings=keys)
+        self.prompt = PromptSession(history=history, input=input, output=output, multiline=True, key_bindings=keys)
         self.session = ChatSession(config, config.get(profile), store)
         self.engines = EngineController()
         self.init_coding()

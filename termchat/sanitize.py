@@ -25,6 +25,8 @@ a message. Text going into a pipe is left unchanged by the callers.
 
 from __future__ import annotations
 
+import shlex
+
 import regex
 
 BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
@@ -206,3 +208,29 @@ def valid(text: str) -> tuple[str, bool]:
 def _escaped_only(text: str) -> bool:
     """Are all surrogates in `text` surrogateescape's (U+DC80-U+DCFF, one raw byte each)?"""
     return all(0xDC80 <= ord(c) <= 0xDCFF for c in text if 0xD800 <= ord(c) <= 0xDFFF)
+
+
+def shell_word(text: str) -> str:
+    """`text` as one shell word that means exactly `text` and shows nothing
+    hidden: shlex.quote where every character is printable, else bash's
+    $'...' with escape sequences, controls and invisible characters spelled
+    out (a printed command is the one that runs, and safe on a terminal)."""
+    if text.isprintable() and not any(is_hidden(c) for c in text):
+        return shlex.quote(text)
+    out = []
+    for ch in text:
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif ch.isprintable() and not is_hidden(ch):
+            out.append(ch)
+        elif ord(ch) < 0x100:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) < 0x10000:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return "$'" + "".join(out) + "'"
+
+
+def shell_line(words: list[str]) -> str:
+    return " ".join(shell_word(str(w)) for w in words)

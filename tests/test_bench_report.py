@@ -10,6 +10,7 @@ from termchat.bench import prompt_sets
 from termchat.engine.stats import ReplyStats
 from termchat.bench.report import Sample, bar_chart, ideal_speedup, lossless_line, quantiles, summarize, table, verdict
 from termchat.errors import UserError
+from termchat.profiles import in_format
 
 
 def sample(prompt_id, category, speculative, tokens_per_s, output_tokens, accepted=None, drafted=None, spec_steps=None, histogram=(), temperature=None, mean_logprob=None, run=0, steps=None, improbable=None) -> Sample:
@@ -186,11 +187,14 @@ def test_the_roofline_counts_the_default_models_bytes_and_reads_them_against_the
     from termchat.bench import roofline
     from termchat.profiles import builtin_profiles
 
-    local = builtin_profiles()["local"]
+    local = in_format(builtin_profiles()["local"], "float32")
     roof = roofline.for_profile(local)
     # SmolLM2-135M: 134,515,008 float32 weights; K and V of 30 layers x 3 heads x 64 dims
     assert roof.weight_bytes == 134_515_008 * 4 and roof.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
     assert roofline.for_profile(replace(local, dtype="bfloat16")).weight_bytes == 134_515_008 * 2
+    # served as its GGUF file: 30 layers of Q4_1 matrices (20 bytes per 32 weights) and the tied Q8_0 embedding as the output layer
+    layer = (576 * 576 * 2 + 192 * 576 * 2 + 1536 * 576 * 3) // 32 * 20
+    assert roofline.for_profile(in_format(local, "ggml")).weight_bytes == 30 * layer + 49152 * 576 // 32 * 34
 
     def plain(tps, prompt, output):
         stats = ReplyStats(decode_tokens_per_s=tps, prompt_tokens=prompt, output_tokens=output)

@@ -57,11 +57,15 @@ def for_profile(profile) -> Roofline | None:
     except Exception:  # noqa: BLE001: a hub id not prepared here
         return None
     config = models.read_config(folder)
-    if config is None or not folder.is_dir() or not any(folder.glob("*.safetensors")):
+    ggml = profile.engine_args.get("load_format") == "termchat_gguf"
+    if config is None or not folder.is_dir() or not (ggml or any(folder.glob("*.safetensors"))):
         return None
     dtype = profile.dtype if profile.dtype and profile.dtype != "auto" else config.get("dtype") or config.get("torch_dtype") or "float32"
     size = models.DTYPE_BYTES.get(str(dtype), 4)  # the KV cache keeps the activations' dtype
-    weights = models.bytes_per_token(models.weight_counts(folder), str(dtype), profile.engine_args.get("quantization"))
+    if ggml:
+        weights = models.gguf_bytes_per_token(folder)
+    else:
+        weights = models.bytes_per_token(models.weight_counts(folder), str(dtype), profile.engine_args.get("quantization"))
     if weights is None:  # a quantization whose bytes termchat does not know: no roofline, not a wrong one
         return None
     heads = config.get("num_key_value_heads") or config.get("num_attention_heads", 0)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from termchat import paths
+from termchat import limits, numbers, paths
 from termchat.engine.stats import ReplyStats
 from termchat.errors import UserError
 from termchat.sanitize import one_line
@@ -92,8 +92,8 @@ class ConversationRecord:
     id: int
     title: str
     profile: str
-    created: float
-    updated: float
+    created: float | None  # None: a stored time that is not one (shown as unknown)
+    updated: float | None
     system_prompt: str = ""
     parent_id: int | None = None  # the conversation this one branched from
 
@@ -112,8 +112,8 @@ class Message:
     temperature: float | None
     lowered: bool | None
     stats: ReplyStats | None
-    created: float
-    updated: float
+    created: float | None
+    updated: float | None
 
     @property
     def flagged(self) -> str:
@@ -241,7 +241,7 @@ class Store:
         row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         if row is None:
             raise UserError(f"no conversation {conversation_id}; `termchat history list` shows them")
-        return ConversationRecord(**dict(row))
+        return _conversation(dict(row))
 
     def conversations(self, search: str = "", limit: int = 200) -> list[ConversationRecord]:
         """Newest first; `search` matches titles and message text."""
@@ -255,7 +255,7 @@ class Store:
             ).fetchall()
         else:
             rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC LIMIT ?", (limit,)).fetchall()
-        return [ConversationRecord(**dict(r)) for r in rows]
+        return [_conversation(dict(r)) for r in rows]
 
     def fork(self, conversation_id: int, before_message_id: int) -> int:
         """A branch: a new conversation holding this one's messages before
@@ -322,13 +322,7 @@ class Store:
 
     def messages(self, conversation_id: int) -> list[Message]:
         rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
-        out = []
-        for row in rows:
-            data = dict(row)
-            data["stats"] = ReplyStats.from_dict(json.loads(data["stats"])) if data["stats"] else None
-            data["lowered"] = bool(data["lowered"]) if data["lowered"] is not None else None
-            out.append(Message(**data))
-        return out
+        return [_message(dict(row)) for row in rows]
 
     # ---- export -------------------------------------------------------------------
 
@@ -338,7 +332,7 @@ class Store:
 
     def export_markdown(self, conversation_id: int) -> str:
         conv = self.conversation(conversation_id)
-        lines = [f"# {conv.title}", "", f"Profile `{conv.profile}`, started {time.strftime('%Y-%m-%d %H:%M', time.localtime(conv.created))}.", ""]
+        lines = [f"# {conv.title}", "", f"Profile `{conv.profile}`, started {day(conv.created)}.", ""]
         for m in self.messages(conversation_id):
             if m.role == "user":
                 lines += ["## You", "", m.content.rstrip(), ""]
@@ -347,6 +341,61 @@ class Store:
                 lines.append("*" + m.summary() + "*")
                 lines.append("")
         return "\n".join(lines)
+
+
+# ---- rows as another version or a hand edit may have left them: each column checked once ----
+
+TIME = (0.0, 1e11)  # seconds since 1970: up to the year 5138
+
+
+def _text(value, default: str = "") -> str:
+    """A column that holds text: a BLOB read as UTF-8 (U+FFFD where it is not), a number as its digits."""
+    if value is None:
+        return default
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else str(value)
+
+
+def _when(value) -> float | None:
+    """A timestamp, or None (shown as an unknown date): text or 1e300 is not a time."""
+    return numbers.real(value, *TIME)
+
+
+def _stats(value) -> ReplyStats | None:
+    """A reply's stored figures; None (shown as unknown) for anything that is not a JSON object of them."""
+    if not isinstance(value, (str, bytes)) or not value:
+        return None
+    try:
+        data = limits.json_loads(value, "a reply's stored figures")
+    except ValueError:
+        return None
+    return ReplyStats.from_dict(data) if isinstance(data, dict) else None
+
+
+def _conversation(row: dict) -> ConversationRecord:
+    parent = row.get("parent_id")
+    return ConversationRecord(
+        id=int(row["id"]), title=_text(row.get("title"), "untitled"), profile=_text(row.get("profile"), "?"),
+        created=_when(row.get("created")), updated=_when(row.get("updated")), system_prompt=_text(row.get("system_prompt")),
+        parent_id=parent if isinstance(parent, int) and not isinstance(parent, bool) else None,
+    )
+
+
+def _message(row: dict) -> Message:
+    lowered = row.get("lowered")
+    optional = {k: (_text(row.get(k)) if row.get(k) is not None else None) for k in ("profile", "model", "draft", "method")}
+    return Message(
+        id=int(row["id"]), conversation_id=int(row["conversation_id"]), role=_text(row.get("role"), "assistant"),
+        content=_text(row.get("content")), status=_text(row.get("status"), COMPLETE), **optional,
+        temperature=numbers.real(row.get("temperature"), 0.0, 2.0), lowered=bool(lowered) if isinstance(lowered, int) else None,
+        stats=_stats(row.get("stats")), created=_when(row.get("created")), updated=_when(row.get("updated")),
+    )
+
+
+def day(when: float | None) -> str:
+    """A stored time as 'YYYY-MM-DD HH:MM', or 'unknown date'."""
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(when)) if when is not None else "unknown date"
 
 
 def _title(text: str) -> str:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from termchat import paths
+from termchat import limits, paths
 
 from termchat.coding import project
 from termchat.errors import UserError
@@ -313,7 +313,7 @@ class UndoStack:
         paths.private_dir(folder)
         record = [{"path": str(c.path), "old": c.old, "mode": c.mode, "new_sha": _sha(c.new)} for c in changes]
         name = folder / f"{time.time_ns()}.json"
-        write_atomically(name, json.dumps(record), 0o600)
+        paths.write_private(name, json.dumps(record).encode())
         for old in self._entries()[: -self.keep]:
             old.unlink(missing_ok=True)
         return name
@@ -330,7 +330,10 @@ class UndoStack:
             raise UserError("nothing to undo: no /apply yet")
         entry = entries[-1]
         try:
-            record = json.loads(entry.read_text())
+            raw = paths.read_private(entry, limits.UNDO_FILE)  # not through a link, never blocking on a FIFO
+            if raw is None:
+                raise ValueError("not a regular file of termchat's, or too big")
+            record = limits.json_loads(raw, f"the undo record {entry.name}")
             if not isinstance(record, list) or not record:
                 raise TypeError("not a list of files")
             # a record is data: its mode is a file's permission bits only, never setuid, setgid or sticky

@@ -25,10 +25,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-from termchat import paths
+from termchat import limits, paths
 from termchat.errors import UserError
-from termchat.files import write_atomically
-from termchat.sanitize import inert
+from termchat.sanitize import inert, one_line
 
 PROJECT_FILE = ".termchat.toml"
 
@@ -64,9 +63,12 @@ def test_command(cwd: Path) -> tuple[str, Path] | None:
     if not file.is_file():
         return None
     try:
-        value = tomllib.loads(file.read_text(encoding="utf-8")).get("test_command")
+        text = limits.read_file(file, limits.PROJECT_FILE, str(file)).decode("utf-8")
+        value = limits.toml_loads(text, str(file), limits.PROJECT_FILE).get("test_command")
+    except limits.Refused as exc:
+        raise UserError(f"{exc}; termchat reads no test command from it") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UserError(f"{file}: {exc}; fix the file (test_command = \"...\")") from None
+        raise UserError(f"{file}: {one_line(str(exc), 200)}; fix the file (test_command = \"...\")") from None
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
@@ -99,18 +101,15 @@ def _key(file: Path, command: str) -> str:
     (the program it resolves to and its bytes: a swapped binary asks again)."""
     what = ""
     if file.name != PROJECT_FILE:
-        try:
-            what = hashlib.sha256(file.resolve().read_bytes()).hexdigest()
-        except OSError:
+        try:  # a FIFO or a device planted as the interpreter is never read (nor run: not approvable)
+            what = hashlib.sha256(limits.read_file(file, limits.UNDO_FILE << 2, str(file))).hexdigest()
+        except (OSError, limits.Refused):
             what = "unreadable"
     return hashlib.sha256(f"{file.resolve()}\0{command}\0{what}".encode()).hexdigest()
 
 
 def _approvals() -> set[str]:
-    try:
-        value = json.loads(_approvals_file().read_text())
-    except (OSError, ValueError):
-        return set()
+    value = paths.read_json(_approvals_file())  # not through a link, never blocking on a FIFO
     return {key for key in value if isinstance(key, str)} if isinstance(value, list) else set()
 
 
@@ -120,9 +119,8 @@ def approved(file: Path, command: str) -> bool:
 
 
 def approve(file: Path, command: str) -> None:
-    paths.private_dir(paths.state_dir())
     keys = sorted(_approvals() | {_key(file, command)})
-    write_atomically(_approvals_file(), json.dumps(keys), 0o600)
+    paths.write_private(_approvals_file(), json.dumps(keys).encode())
 
 
 def approval_question(file: Path, command: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import json
 import re
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from termchat import limits, numbers
 from termchat.engine import server_counters
 from termchat.engine import stats as stats_mod
 from termchat.engine.endpoint import Engine, EngineError
@@ -37,7 +37,7 @@ class LineTooLong(ValueError):
     """A server sent a line longer than SSELines.limit (no SSE event is that long)."""
 
 
-MAX_LINE = 8 * 1024 * 1024  # characters: a chunk of vLLM's is a few hundred, with 20 top log-probabilities a few thousand
+MAX_LINE = limits.LINE  # characters: a chunk of vLLM's is a few hundred, with 20 top log-probabilities a few thousand
 
 
 class SSELines:
@@ -176,7 +176,10 @@ class ChatStream:
             # the engine's one client, with this reply's timeouts
             async with self.engine.client.stream("POST", self.engine.base_url + "/chat/completions", json=self.body(), timeout=httpx.Timeout(first_wait, connect=10.0)) as response:
                 if response.status_code != 200:
-                    detail = (await response.aread()).decode("utf-8", "replace")
+                    try:
+                        detail = (await limits.read_body(response, limits.ERROR_BODY, "its error message")).decode("utf-8", "replace")
+                    except limits.Refused as exc:
+                        detail = str(exc)
                     raise EngineError(_http_message(response.status_code, detail, self.engine))
                 lines = sse_lines(response)
                 while True:
@@ -209,12 +212,16 @@ class ChatStream:
                         server_metrics = metrics
                     for choice in chunk.get("choices") or []:
                         delta = (choice.get("delta") or {}).get("content") or ""
-                        ids = tuple(choice.get("token_ids") or ())
+                        delta = delta if isinstance(delta, str) else ""
+                        ids = numbers.token_ids(choice.get("token_ids")) or ()  # a list of counts, never a string's letters
                         finish = choice.get("finish_reason") or finish
                         for entry in (choice.get("logprobs") or {}).get("content") or []:
-                            self.token_logprobs.append(entry["logprob"])
+                            value = numbers.real(entry["logprob"], high=0.0)
+                            if value is None:
+                                raise TypeError(f"a log-probability of {one_line(repr(entry['logprob']), 40)}")
+                            self.token_logprobs.append(value)
                             if self.sampling.top_logprobs:
-                                self.token_top.append(sorted((t["logprob"] for t in entry.get("top_logprobs") or ()), reverse=True))
+                                self.token_top.append(sorted((v for t in entry.get("top_logprobs") or () if (v := numbers.real(t["logprob"], high=0.0)) is not None), reverse=True))
                         if delta or ids:
                             step = Step(delta, ids, time.monotonic())
                             self.text += delta
@@ -274,7 +281,9 @@ def reported_drafts(chunk: dict) -> dict | None:
 def _chunk(data: str, partial: str) -> dict:
     """One SSE data payload as a chunk object; anything else ends the reply with one clear message."""
     try:
-        chunk = json.loads(data)
+        chunk = limits.json_loads(data, "a line of the reply")
+    except limits.Refused as exc:
+        raise ReplyInterrupted(f"the engine sent {exc}; the partial reply is kept", partial) from None
     except ValueError:
         raise ReplyInterrupted(f"the engine sent a line that is not JSON: {one_line(data, 120)!r}; the partial reply is kept", partial) from None
     if not isinstance(chunk, dict):
@@ -303,7 +312,7 @@ def _transport_message(exc: Exception, engine: Engine, started: bool) -> str:
 
 def _http_message(status: int, detail: str, engine: Engine) -> str:
     try:
-        data = json.loads(detail)
+        data = limits.json_loads(detail, "its error message")
         error = data.get("error")
         detail = (error.get("message") if isinstance(error, dict) else error) or data.get("message") or detail
     except (ValueError, AttributeError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 from termchat import models
 from termchat.profiles import Profile
@@ -36,6 +38,9 @@ def server_command(profile: Profile, port: int | str = "PORT", resolve_model: bo
 
     profile = weights.applied(profile)  # `weights = ...`: its dtype and quantization
     model = models.resolve(profile.model) if resolve_model else profile.model
+    if resolve_model and profile.engine_args.get("kv_cache_memory_bytes") == "auto":
+        context, kv = kv_cache_bytes(model, profile.max_model_len)
+        profile = replace(profile, max_model_len=context, engine_args={**profile.engine_args, "kv_cache_memory_bytes": kv})
     cmd = [sys.executable, "-m", SERVER_MODULE, "--model", model, "--served-model-name", profile.model]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     for key in ("tokenizer", "dtype", "max_model_len", "tensor_parallel_size", "quantization", "gpu_memory_utilization"):
@@ -53,3 +58,23 @@ def server_command(profile: Profile, port: int | str = "PORT", resolve_model: bo
     for key, value in profile.engine_args.items():
         cmd += flag(key, value)
     return cmd
+
+
+KV_MIN = 256 << 20
+KV_STEP = 64 << 20
+
+
+def kv_cache_bytes(folder: str, max_model_len: int | None) -> tuple[int, int]:
+    """`kv_cache_memory_bytes = "auto"`: (the context, its KV cache bytes):
+    the profile's max_model_len, else the model's own context up to 4,096
+    tokens; room for one whole context (the model's layers, KV heads and
+    head size, float32), rounded up to 64 MiB, at least 256 MiB. A 1.7B
+    model at 4,096 tokens: 1.5 GiB; the default model: 256 MiB."""
+    config = models.read_config(Path(folder)) or {}
+    number = lambda key, default=0: config.get(key) if isinstance(config.get(key), int) and not isinstance(config.get(key), bool) and config.get(key) > 0 else default  # noqa: E731
+    heads = number("num_attention_heads", 1)
+    head_dim = number("head_dim", number("hidden_size") // heads)
+    per_token = 2 * number("num_hidden_layers") * number("num_key_value_heads", heads) * head_dim * 4
+    tokens = max_model_len or min(number("max_position_embeddings", 4096), 4096)
+    need = -(-per_token * tokens // KV_STEP) * KV_STEP
+    return tokens, max(KV_MIN, need)

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import httpx
 
+from termchat import limits
 from termchat.errors import UserError
 from termchat.profiles import Profile, is_loopback
 from termchat.sanitize import one_line
@@ -112,12 +113,21 @@ class Engine:
         """health() for callers without an event loop (attaching to `termchat serve`)."""
         return self.run(lambda: self.health(timeout))
 
+    async def json_body(self, method: str, url: str, limit: int, what: str, **kwargs):
+        """A request's JSON answer, its body read to at most `limit` bytes and
+        parsed within termchat's limits; httpx.HTTPStatusError for a status
+        that is not 2xx, limits.Refused or ValueError for a body that is not."""
+        async with self.client.stream(method, url, **kwargs) as response:
+            body = await limits.read_body(response, limit, what)
+            if response.status_code >= 300:
+                raise httpx.HTTPStatusError(f"{what}: HTTP {response.status_code}", request=response.request, response=response)
+        return limits.json_loads(body, what)
+
     async def first_model(self) -> str:
         """The served model, for a remote profile that names none."""
         try:
-            response = await self.client.get(self.base_url + "/models")
-            response.raise_for_status()
-            model = response.json()["data"][0]["id"]
+            data = await self.json_body("GET", self.base_url + "/models", limits.MODELS_BODY, "its list of models")
+            model = data["data"][0]["id"]
             if not isinstance(model, str):
                 raise TypeError("the model id is not a string")
             return model
@@ -129,8 +139,7 @@ class Engine:
         found: dict[int, str] = {}
         for token in ids:
             try:
-                response = await self.client.post(self.root_url + "/detokenize", json={"model": self.model_name, "tokens": [token]})
-                data = response.json()
+                data = await self.json_body("POST", self.root_url + "/detokenize", limits.MODELS_BODY, "a detokenized token", json={"model": self.model_name, "tokens": [token]})
             except (httpx.HTTPError, ValueError):
                 break
             if isinstance(data, dict) and isinstance(data.get("prompt"), str):
@@ -158,6 +167,9 @@ def remote_engine(profile: Profile) -> Engine:
         key = os.environ.get(profile.api_key_env)
         if not key:
             raise EngineError(f"profile '{profile.name}' reads its API key from ${profile.api_key_env}, which is not set; export it and try again")
+        if len(key) > 4096 or not all(33 <= ord(c) <= 126 for c in key):
+            # an HTTP header carries printable ASCII only: a letter outside it or a line break is a pasting accident
+            raise EngineError(f"${profile.api_key_env} holds {'a line break, a space or another control' if any(ord(c) < 33 or ord(c) == 127 for c in key) else 'a non-ASCII'} character (or is over 4 KiB); an API key is printable ASCII: export it again")
     base = profile.endpoint.rstrip("/")
     if not base.endswith("/v1"):
         base += "/v1"

@@ -13,6 +13,7 @@ import ctypes
 import importlib.util
 import json
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -42,6 +43,31 @@ LOADED_COMPILED = "Directly load AOT compilation"
 ENGINE_INITIALIZED = "init engine (profile, create kv cache, warmup model)"
 
 KEEP_LOGS = 5  # engine logs kept per profile
+
+# vLLM's and termchat's words for why an engine could not start -> what it means and what to do
+_ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)$")
+START_FAILURES = (
+    (re.compile(r"KV cache is needed|maximum number of tokens that can be stored in KV cache|kv_cache_memory_bytes", re.I),
+     "its KV cache is too small for the context ({detail}); raise kv_cache_memory_bytes in engine_args or lower max_model_len"),
+    (re.compile(r"Available memory|less than desired|not enough memory|Cannot allocate memory|out of memory|MemoryError|No available memory", re.I),
+     "not enough memory ({detail}); stop other engines (`termchat ps`, `termchat stop --all`) or programs, or pick a smaller model or KV cache"),
+    (re.compile(r"termchat_gguf|termchat_ggml|GGUF|config\.json|not a local folder|Repository Not Found|valid model identifier|Unrecognized model|No such file", re.I),
+     "the model could not be loaded ({detail}); check `model` in the profile and `termchat models list`"),
+)
+
+
+def diagnose(log: str, code: int | None) -> str:
+    """One line from an engine's log: the cause vLLM or termchat's loader gave."""
+    errors = [m for m in (_ERROR_LINE.search(line.strip()) for line in log.splitlines()) if m]
+    detail = errors[-1].group(2).strip()[:240] if errors else ""
+    for pattern, says in START_FAILURES:
+        if detail and pattern.search(detail) or not detail and pattern.search(log[-4000:]):
+            return says.format(detail=detail or "see the log")
+    if code in (-9, 137) and not detail:
+        return "it was killed (SIGKILL), most likely by the kernel for want of memory; stop other programs or pick a smaller model"
+    if detail:
+        return f"{errors[-1].group(1)}: {detail}"
+    return f"it exited with code {code}" if code is not None else "it stopped answering"
 
 
 def prune_logs(log_dir: Path, profile_name: str, keep: int = KEEP_LOGS - 1) -> None:
@@ -170,10 +196,22 @@ class ManagedEngine(Engine):
             f"{self.log_tail()}\nFix the cause above, then start again (the full log is in that file)."
         )
 
-    def _check(self) -> None:
+    def start_failure(self) -> str:
+        """Why the engine could not start, in one line (memory, KV cache, model,
+        or vLLM's own last error), and the log's path on a second."""
+        code = self.process.poll() if self.process else None
+        text = ""
+        if self.log_path and self.log_path.exists():
+            with open(self.log_path, "rb") as handle:
+                handle.seek(max(0, handle.seek(0, 2) - (1 << 20)))
+                text = handle.read().decode("utf-8", "replace")
+        cause = diagnose(text, code)
+        return f"the engine for profile '{self.profile.name}' could not start: {cause}\nits log: {self.log_path}"
+
+    def _check(self, starting: bool = False) -> None:
         if not self.alive():
             self.state = EngineState.FAILED
-            raise EngineError(self.describe_failure())
+            raise EngineError(self.start_failure() if starting else self.describe_failure())
 
     def wait_ready(self, timeout: float = 600.0, progress: Progress | None = None) -> None:
         """Block until /health answers; raise EngineError with the log tail if it dies."""
@@ -183,7 +221,7 @@ class ManagedEngine(Engine):
         """Poll /health twice a second; give up at `timeout` or when the process dies."""
         deadline = time.monotonic() + timeout
         while True:
-            self._check()
+            self._check(starting=True)
             if await self.health():
                 self.state = EngineState.READY
                 return

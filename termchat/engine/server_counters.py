@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from termchat import numbers
+from termchat import limits, numbers
 
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
 POSITION = re.compile(r'position="(\d+)"')
@@ -91,12 +91,13 @@ def parse(text: str) -> Counters | None:
 
 async def read(client: httpx.AsyncClient, root_url: str) -> Counters | None:
     try:
-        response = await client.get(root_url + "/metrics", timeout=3.0)
-    except httpx.HTTPError:
+        async with client.stream("GET", root_url + "/metrics", timeout=3.0) as response:
+            if response.status_code != 200:
+                return None
+            body = await limits.read_body(response, limits.METRICS_BODY, "/metrics")
+    except (httpx.HTTPError, limits.Refused):  # an endless page is no figure
         return None
-    if response.status_code != 200:
-        return None
-    return parse(response.text)
+    return parse(body.decode("utf-8", "replace"))
 
 
 def metrics(before: Counters, after: Counters) -> dict:

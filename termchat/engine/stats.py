@@ -45,6 +45,12 @@ class Step:
         return max(0, len(self.token_ids) - 1)
 
 
+# what a stored figure may be (from_dict): counts, and reals in a range
+_COUNTS = ("output_tokens", "prompt_tokens", "steps", "accepted_tokens", "draft_tokens", "spec_steps")
+_REALS = {"ttft_s": (0.0, 86400.0), "decode_tokens_per_s": (0.0, 1e6), "decode_s": (0.0, 86400.0), "acceptance_rate": (0.0, 1.0),
+          "mean_acceptance_length": (1.0, MAX_POSITIONS + 1.0), "temperature": (0.0, 2.0)}
+
+
 @dataclass
 class ReplyStats:
     output_tokens: int = 0
@@ -71,10 +77,27 @@ class ReplyStats:
 
     @classmethod
     def from_dict(cls, data: dict | None) -> ReplyStats | None:
-        """As stored by to_dict(); keys of older or newer versions are ignored."""
-        if not data:
+        """As stored by to_dict(); keys of older or newer versions are ignored,
+        and a value that is not a figure of its kind (a string speed, NaN, 1e300,
+        a bool count) reads as unknown, never as measured."""
+        if not isinstance(data, dict) or not data:
             return None
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        figures = {}
+        for key, value in data.items():
+            if key in _COUNTS:
+                figures[key] = numbers.count(value)
+            elif key in _REALS:
+                figures[key] = numbers.real(value, *_REALS[key])
+            elif key == "acceptance_per_position" and isinstance(value, list):
+                figures[key] = [f for f in (numbers.fraction(v) for v in value[:MAX_POSITIONS]) if f is not None]
+            elif key == "acceptance_histogram" and isinstance(value, list):
+                figures[key] = [c for c in (numbers.count(v) for v in value[: MAX_POSITIONS + 1]) if c is not None]
+            elif key in ("acceptance_source", "finish_reason", "unknown") and isinstance(value, str):
+                figures[key] = value[:200]
+            elif key == "tokens_estimated" and isinstance(value, bool):
+                figures[key] = value
+        defaults = {"output_tokens": 0, "steps": 0}
+        return cls(**{k: (defaults[k] if v is None and k in defaults else v) for k, v in figures.items()})
 
     @property
     def tokens_per_step(self) -> float | None:

@@ -13,12 +13,11 @@ order.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import replace
 
-from termchat import paths
+from termchat import numbers, paths
 from termchat.engine import proc
 from termchat.errors import UserError
 
@@ -27,7 +26,7 @@ AUTO = "auto"
 # on the AVX-512 Xeon, 2.37x on the AVX2 EPYC, log-probabilities within 0.13%),
 # then fewer bytes per step first; int4-int4head is not in it, its
 # log-probabilities are 5.9% from float32's (bench README)
-FALLBACK = ("int4", "int4-int8head", "int4-f32head", "bfloat16", "float32")
+FALLBACK = ("ggml", "int4", "int4-int8head", "int4-f32head", "bfloat16", "float32")
 # vLLM's CPU kernels convert float32 to bfloat16 with the CPU's own rounding
 # instruction only where it has one (csrc/cpu/cpu_types_x86.hpp); elsewhere they
 # drop the low 16 bits, a bias toward zero that compounds through the residual
@@ -45,8 +44,37 @@ def machine_key() -> str:
     return f"{proc.cpu_model()} | {isa} | {os.cpu_count()} cores"
 
 
-def refusal(fmt: str) -> str | None:
-    """Why this CPU cannot run `fmt` well, in one line, or None."""
+def gguf_only(model: str) -> bool:
+    """A termchat model that exists only as its GGUF file (`models add`): ggml is its one format."""
+    from termchat import models
+
+    if not model.startswith("termchat:"):
+        return False
+    try:
+        path = models.folder(model)
+    except UserError:
+        return False
+    return not models.has_safetensors(path) and models.gguf_file_of(path) is not None
+
+
+def refusal(fmt: str, model: str | None = None) -> str | None:
+    """Why this machine cannot run `fmt` well (for `model`), in one line, or None."""
+    if model is not None and fmt != "ggml" and gguf_only(model):
+        return f"{model} is served from its GGUF file as it is (weights = \"ggml\"), not as {fmt}"
+    if fmt == "ggml":
+        from termchat.vllm_ext import ggml
+
+        reason = ggml.unavailable()
+        if reason is None and model is not None:
+            from termchat import models
+
+            try:
+                has_file = model.startswith("termchat:") and models.gguf_file_of(models.folder(model)) is not None
+            except UserError:
+                has_file = False
+            if not has_file:
+                reason = f"ggml serves a GGUF file as it is, and {model} names none (a termchat model does: `termchat models add FILE.gguf`)"
+        return reason
     if fmt.startswith("int4"):
         flags = proc.cpu_flags()
         if "avx2" not in flags and "avx512f" not in flags:
@@ -58,29 +86,33 @@ def refusal(fmt: str) -> str | None:
 
 
 def _read() -> dict:
-    raw = paths.read_private(record_path(), limit=1 << 20)
-    if raw is None:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return {}
+    data = paths.read_json(record_path())
     return data if isinstance(data, dict) else {}
 
 
+SPEED = (0.01, 1e5)  # decode tokens/s: outside this, not a measurement of ours
+
+
 def recorded(model: str) -> dict | None:
-    """This machine's measured choice for `model`: {"format", "tok_s", ...},
-    checked where it enters; None when there is none or it does not hold up."""
+    """This machine's measured choice for `model`, checked where it enters:
+    {"format", "tok_s", "guard", "measured_at"} with every speed a finite
+    number in SPEED, the chosen format among them, the guard's verdicts
+    booleans; None when there is none or it does not hold up."""
     from termchat.profiles import WEIGHT_FORMATS
 
     entry = _read().get(machine_key(), {})
     entry = entry.get(model) if isinstance(entry, dict) else None
-    if not isinstance(entry, dict) or entry.get("format") not in WEIGHT_FORMATS:
+    if not isinstance(entry, dict) or not isinstance(entry.get("format"), str) or entry["format"] not in WEIGHT_FORMATS:
         return None
     speeds = entry.get("tok_s")
-    if not isinstance(speeds, dict) or not all(k in WEIGHT_FORMATS and isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for k, v in speeds.items()):
+    if not isinstance(speeds, dict) or not speeds or len(speeds) > len(WEIGHT_FORMATS):
         return None
-    return entry
+    checked = {k: numbers.real(v, *SPEED) for k, v in speeds.items() if isinstance(k, str) and k in WEIGHT_FORMATS}
+    if len(checked) != len(speeds) or None in checked.values() or entry["format"] not in checked:
+        return None
+    guard = entry.get("guard")
+    guard = {k: v for k, v in guard.items() if isinstance(k, str) and isinstance(v, bool)} if isinstance(guard, dict) else {}
+    return {"format": entry["format"], "tok_s": checked, "guard": guard, "measured_at": numbers.real(entry.get("measured_at"), 0.0, 1e11)}
 
 
 def record(model: str, choice: str, speeds: dict[str, float], passed: dict[str, bool], machine: str) -> None:
@@ -103,8 +135,8 @@ def choice_line(model: str) -> str:
     if fmt != entry["format"]:
         return f'weights = "auto" here: {fmt} ({why})'
     speeds = ", ".join(f"{k} {v:.1f}" for k, v in sorted(entry["tok_s"].items(), key=lambda kv: -kv[1]))
-    when = entry.get("measured_at")
-    day = time.strftime("%Y-%m-%d", time.localtime(when)) if isinstance(when, (int, float)) and math.isfinite(when) and when > 0 else "an unknown date"
+    when = entry["measured_at"]
+    day = time.strftime("%Y-%m-%d", time.localtime(when)) if when else "an unknown date"
     return f'weights = "auto" here: {fmt}, the fastest passing the quality guard (decode tok/s {speeds}; measured {day})'
 
 
@@ -116,20 +148,26 @@ def choose(profile) -> tuple[str, str]:
 
 def choose_format(wanted: str | None, model: str) -> tuple[str, str]:
     """choose() for a format asked for (`weights`) and a model."""
-    if wanted is None:
+    if wanted is None and not gguf_only(model):
         return "", ""
+    if gguf_only(model):
+        reason = refusal("ggml", model)
+        if reason:
+            raise UserError(f"{model} can only be served from its GGUF file, and here {reason}")
+        return "ggml", f"{model} is served from its GGUF file as it is"
     entry = recorded(model)
     order = sorted(entry["tok_s"], key=lambda k: -entry["tok_s"][k]) if entry else list(FALLBACK)
     if wanted == AUTO:
         if entry is None:
-            return "float32", "weights = \"auto\": nothing measured on this machine yet, so float32 (run `python -m termchat.bench.formats --record`)"
+            first = next((f for f in FALLBACK if refusal(f, model) is None), "float32")
+            return first, f"weights = \"auto\": nothing measured on this machine yet, so {first}, the first of {', '.join(FALLBACK)} this machine runs (`python -m termchat.bench.formats --record` measures them)"
         wanted, why = entry["format"], f"weights = \"auto\": {entry['format']}, measured fastest here passing the quality guard"
     else:
         why = f"weights = \"{wanted}\""
-    reason = refusal(wanted)
+    reason = refusal(wanted, model)
     if reason is None:
         return wanted, why
-    fallback = next((f for f in order if f != wanted and refusal(f) is None and (entry is None or entry.get("guard", {}).get(f, f == "float32"))), "float32")
+    fallback = next((f for f in order if f != wanted and refusal(f, model) is None and (entry is None or entry["guard"].get(f, f == "float32"))), "float32")
     return fallback, f"{reason}: {fallback} instead"
 
 

@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -57,23 +58,46 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:64]
 
 
+def models_root() -> Path:
+    """paths.models_dir(), checked: a file where that folder belongs is one line."""
+    root = paths.models_dir()
+    if root.exists() and not root.is_dir():
+        raise UserError(f"{root} is a file where termchat keeps models{' (TERMCHAT_MODELS)' if os.environ.get('TERMCHAT_MODELS') else ''}; move it away or point TERMCHAT_MODELS at a folder")
+    return root
+
+
+def added_dir() -> Path:
+    """Where `models add` puts models. A symlink there to a folder (a bigger
+    disk) is the user's own and is followed; a file there is one line."""
+    added = models_root() / ADDED
+    if (added.exists() or added.is_symlink()) and not added.is_dir():
+        raise UserError(f"{added} is {'a link to nothing' if added.is_symlink() and not added.exists() else 'a file'} where termchat keeps added models; move it away (a link to a folder works)")
+    return added
+
+
 def folder(name: str) -> Path:
     """The folder of a `termchat:` model: the built-in one, or one a user added."""
     if name in BUILTIN:
-        return paths.models_dir() / BUILTIN[name].folder
+        return models_root() / BUILTIN[name].folder
     short = name.removeprefix("termchat:")
     if not NAME.fullmatch(short):
-        raise UserError(f"'{name}' is not a model name termchat makes: after `termchat:`, 1-64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit")
-    return paths.models_dir() / ADDED / short
+        raise UserError(f"{name[:80]!r} is not a model name termchat makes: after `termchat:`, 1-64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit")
+    return added_dir() / short
+
+
+def has_safetensors(path: Path) -> bool:
+    return any(Path(path).glob("*.safetensors"))
 
 
 def is_prepared(name: str) -> bool:
-    return (folder(name) / "config.json").exists() and any(folder(name).glob("*.safetensors"))
+    """Ready to serve: a config and weights (safetensors, or the GGUF file it names)."""
+    path = folder(name)
+    return (path / "config.json").exists() and (has_safetensors(path) or gguf_file_of(path) is not None)
 
 
 def added_names() -> list[str]:
     """`termchat:NAME` of every model `termchat models add` finished, sorted."""
-    root = paths.models_dir() / ADDED
+    root = added_dir()
     found = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
     return [f"termchat:{n}" for n in found if is_prepared(f"termchat:{n}")]
 
@@ -154,13 +178,34 @@ def _gguf_path(quiet: bool) -> Path:
 
 
 def prepare(name: str = "termchat:smollm2-135m-instruct", quiet: bool = False) -> Path:
-    """Convert the built-in model once; later calls return at once."""
+    """Convert the built-in model once (float32 safetensors, for the formats
+    that start from float weights), and record where its GGUF file is (the
+    ggml format serves that file as it is); later calls return at once."""
     target = folder(name)
-    if is_prepared(name):
-        _say(f"{name} is already prepared in {target}", quiet)
-        return target
     gguf = _gguf_path(quiet)
-    return convert(gguf, target, {"package": SMOLLM2_PACKAGE, "file": gguf.name}, quiet=quiet)
+    if not is_prepared(name) or not has_safetensors(target):
+        convert(gguf, target, {"package": SMOLLM2_PACKAGE, "file": gguf.name}, quiet=quiet)
+    else:
+        _say(f"{name} is already prepared in {target}", quiet)
+    _record_gguf(target, gguf)
+    return target
+
+
+def _record_gguf(target: Path, gguf: Path) -> None:
+    """termchat-source.json names the GGUF file and how it was (size, mtime):
+    the engine's GGUF loader checks it is still that file."""
+    record = target / "termchat-source.json"
+    try:
+        source = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        source = {}
+    source = source if isinstance(source, dict) else {}
+    info = gguf.stat()
+    identity = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns]
+    if source.get("gguf") == str(gguf) and source.get("identity") == identity:
+        return
+    source |= {"gguf": str(gguf), "identity": identity}
+    paths.write_private(record, json.dumps(source, indent=2).encode())
 
 
 @contextlib.contextmanager
@@ -273,6 +318,34 @@ def bytes_per_token(counts: tuple[int, int, int], dtype: str = "float32", quanti
     return (layers + output) * DTYPE_BYTES.get(str(dtype), 4)
 
 
+def gguf_file_of(folder: Path) -> Path | None:
+    """The GGUF file a model folder is served from (`weights = "ggml"`), or None."""
+    try:
+        source = json.loads((Path(folder) / "termchat-source.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    path = source.get("gguf") if isinstance(source, dict) else None
+    return Path(path) if isinstance(path, str) else None
+
+
+def gguf_bytes_per_token(folder: Path) -> int | None:
+    """Bytes of GGUF blocks one decode step reads when the file is served as
+    it is: every matrix once, the output layer (the embedding's blocks when
+    tied), not the embedding's lookups; None when there is no readable file."""
+    from termchat.vllm_ext import gguf_file
+
+    path = gguf_file_of(folder)
+    try:
+        header = gguf_file.read(path) if path else None
+    except gguf_file.GgufError:
+        return None
+    if header is None:
+        return None
+    tensors = header.tensors
+    matrices = sum(t.nbytes for n, t in tensors.items() if len(t.shape) >= 2 and n != "token_embd.weight")
+    return matrices + (0 if "output.weight" in tensors else tensors["token_embd.weight"].nbytes if "token_embd.weight" in tensors else 0)
+
+
 def listing() -> list[dict]:
     """What is prepared and where, for `termchat models list`: the packaged model
     and every added one, its format on disk and the bytes a decode step reads in
@@ -285,20 +358,29 @@ def listing() -> list[dict]:
         summary = BUILTIN[name].summary if name in BUILTIN else ""
         row = {"name": name, "prepared": prepared, "path": str(path), "bytes": size, "summary": summary}
         if prepared:
+            raw = paths.read_private(path / "termchat-source.json", limit=1 << 20)
             try:
-                source = json.loads((path / "termchat-source.json").read_text())
-            except (OSError, ValueError):
+                source = json.loads(raw) if raw else {}
+            except ValueError:
                 source = {}
             source = source if isinstance(source, dict) else {}
-            file = source.get("file") if isinstance(source.get("file"), str) else None
+            gguf = gguf_file_of(path)
+            file = str(gguf) if gguf else source.get("file") if isinstance(source.get("file"), str) else None
             if name not in BUILTIN:
                 row["summary"] = f"added from {file or 'a GGUF file'}" + (f" ({source['architecture']})" if isinstance(source.get("architecture"), str) else "")
-            row["format"] = "float32 safetensors" + (f", dequantized from {Path(file).name}" if file else "")
-            counts = weight_counts(path)
-            row["per_token"] = {
-                "float32": bytes_per_token(counts, "float32"),
-                "bfloat16": bytes_per_token(counts, "bfloat16"),
-                'int4 (quantization = "termchat_int4")': bytes_per_token(counts, "float32", "termchat_int4"),
-            }
+            per_token = {}
+            if has_safetensors(path):
+                row["format"] = "float32 safetensors" + (f", dequantized from {Path(file).name}" if file else "")
+                counts = weight_counts(path)
+                per_token = {
+                    "float32": bytes_per_token(counts, "float32"),
+                    "bfloat16": bytes_per_token(counts, "bfloat16"),
+                    'int4 (quantization = "termchat_int4")': bytes_per_token(counts, "float32", "termchat_int4"),
+                }
+            else:
+                row["format"] = f"its GGUF file, served as it is ({gguf})"
+            if gguf is not None:
+                per_token['ggml (the GGUF\'s own blocks)'] = gguf_bytes_per_token(path)
+            row["per_token"] = per_token
         rows.append(row)
     return rows

@@ -14,17 +14,16 @@ links. A manifest is data: a digest that is not 64 hex digits is skipped.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from termchat import limits
 from termchat.errors import UserError
 
 OLLAMA_MODEL = "application/vnd.ollama.image.model"
 DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
-MANIFEST_LIMIT = 1 << 20
 
 
 @dataclass
@@ -69,22 +68,21 @@ def _ollama() -> list[Found]:
     found = []
     if not manifests.is_dir():
         return found
-    for manifest in sorted(manifests.rglob("*")):
-        if not manifest.is_file() or manifest.is_symlink() or manifest.stat().st_size > MANIFEST_LIMIT:
-            continue
+    for manifest in limits.walk(manifests):
         try:
-            layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers", [])
-        except (OSError, ValueError, AttributeError):
+            data = limits.json_loads(limits.read_file(manifest, limits.MANIFEST_FILE, str(manifest), follow=False), str(manifest))
+        except (OSError, ValueError):  # a link, a FIFO, too big, too deep, not JSON: not a manifest
             continue
+        layers = data.get("layers", []) if isinstance(data, dict) else []
         parts = manifest.relative_to(manifests).parts  # HOST, NAMESPACE, MODEL, TAG
         if len(parts) < 3:
             continue
         host, *middle, model, tag = parts
         prefix = "" if (host, *middle) == ("registry.ollama.ai", "library") else "/".join((host, *middle)) + "/"
-        for layer in layers if isinstance(layers, list) else []:
+        for layer in layers[:64] if isinstance(layers, list) else []:
             if not isinstance(layer, dict) or layer.get("mediaType") != OLLAMA_MODEL:
                 continue
-            match = DIGEST.fullmatch(str(layer.get("digest", "")))
+            match = DIGEST.fullmatch(str(layer.get("digest", ""))[:80])
             blob = root / "blobs" / f"sha256-{match.group(1)}" if match else None
             if blob is not None and blob.is_file():
                 found.append(Found("ollama", f"{prefix}{model}:{tag}", blob, blob.stat().st_size))
@@ -94,7 +92,7 @@ def _ollama() -> list[Found]:
 def _files(store: str, root: Path, name_of) -> list[Found]:
     if not root.is_dir():
         return []
-    return [Found(store, name_of(p), p, p.stat().st_size) for p in sorted(root.rglob("*.gguf")) if p.is_file()]
+    return [Found(store, name_of(p), p, p.stat().st_size) for p in limits.walk(root) if p.name.endswith(".gguf") and p.is_file()]
 
 
 def _lmstudio() -> list[Found]:
@@ -115,11 +113,27 @@ def _huggingface() -> list[Found]:
     return [f for f in _files("huggingface", root, name_of) if f.path.relative_to(root).parts[0].startswith("models--")]
 
 
+def _distinct(items: list[Found]) -> list[Found]:
+    """One entry per file (device and inode): a blob named by ten manifests,
+    or linked from two snapshots, is read and listed once, under its first name."""
+    seen, kept = set(), []
+    for item in items:
+        try:
+            info = item.path.stat()
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) in seen:
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        kept.append(item)
+    return kept
+
+
 def found() -> list[Found]:
-    """Every GGUF file in the three stores, each described by its header."""
+    """Every GGUF file in the three stores, once each, described by its header."""
     from termchat.models.gguf_import import inspect
 
-    results = _ollama() + _lmstudio() + _huggingface()
+    results = _distinct(_ollama() + _lmstudio() + _huggingface())
     for item in results:
         try:
             info = inspect(item.path)

@@ -29,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - pyproject pins >= 3.11; kept for the tomli fallback
     import tomli as tomllib
 
-from termchat import numbers, paths
+from termchat import limits, numbers, paths
 from termchat.profiles import speculation
 from termchat.profiles.config_file import ConfigError, LineIndex, Problem, read_config_text
 from termchat.errors import UserError
@@ -72,7 +72,7 @@ class Profile:
     quantization: str | None = _key(None, "a string such as 'awq'")
     # a weight format (WEIGHT_FORMATS) in place of dtype/quantization, or "auto": this
     # machine's measured choice (engine/weights.py)
-    weights: str | None = _key(None, "a string: 'auto', 'float32', 'bfloat16', 'int4', 'int4-f32head', 'int4-int4head' or 'int4-int8head'")
+    weights: str | None = _key(None, "a string: 'auto', 'ggml', 'float32', 'bfloat16', 'int4', 'int4-f32head', 'int4-int4head' or 'int4-int8head'")
     gpu_memory_utilization: float | None = _key(None, "a number", low=0.0, high=1.0, above=True)
     temperature: float = _key(0.7, "a number", low=0.0, high=2.0)
     code_temperature: float = _key(0.2, "a number", low=0.0, high=2.0)
@@ -208,7 +208,9 @@ def parse_session_value(key: str, text: str) -> Any:
     [\"a\", \"b\"]), checked as a profile's; a UserError otherwise."""
     check_session_key(key)
     try:
-        value = tomllib.loads(f"v = {text}")["v"]
+        value = limits.toml_loads(f"v = {text}", f"/set {key}'s value", 64 << 10)["v"]
+    except limits.Refused as exc:
+        raise UserError(str(exc)) from None
     except tomllib.TOMLDecodeError:
         if key != "stop":
             raise UserError(f"/set {key} takes {PROFILE_KEYS[key][1]}, as in a profile; not {text!r}") from None
@@ -252,9 +254,48 @@ def _cpu_engine() -> dict:
         # (bench README, "Penalties against loops")
         text_frequency_penalty=0.5,
         system_prompt="You are a helpful, concise assistant for programmers.",
+        weights="auto",  # the fastest format that passes the quality guard here (engine/weights.py)
         engine_args={"distributed_executor_backend": "uni", "kv_cache_memory_bytes": KV_CACHE_BYTES},
         env={"VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TERMCHAT_FORK_ENGINE_CORE": "1"},
     )
+
+
+def cpu_build() -> bool:
+    """Is the installed vLLM its CPU build (`vllm-cpu`)? Profiles of termchat
+    models then take the built-ins' CPU settings."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def cpu_defaults() -> dict:
+    """What a profile naming a termchat model (`model = "termchat:NAME"`) on
+    the CPU build inherits from the built-ins, under its own keys: their CPU
+    engine (_cpu_engine) with the fastest format here (`weights = "auto"`) and
+    a KV cache sized from the model (`kv_cache_memory_bytes = "auto"`:
+    engine/command.py reads its layers, KV heads and context)."""
+    base = _cpu_engine()
+    del base["model"], base["max_model_len"]  # the model's own context, up to 4,096 (engine/command.py)
+    base["engine_args"] = {**base["engine_args"], "kv_cache_memory_bytes": "auto"}
+    base["weights"] = "auto"
+    return base
+
+
+def with_cpu_defaults(values: dict) -> dict:
+    """A profile table's values over cpu_defaults(): its own keys win, and in
+    engine_args and env key by key."""
+    base = cpu_defaults()
+    merged = {**base, **values}
+    for key in ("engine_args", "env"):
+        merged[key] = {**base[key], **values.get(key, {})}
+    by_hand = "dtype" in values or "quantization" in values or "quantization" in values.get("engine_args", {})
+    if by_hand and "weights" not in values:  # a dtype or quantization written by hand stands
+        del merged["weights"]
+    return merged
 
 
 def is_loopback(url: str) -> bool:
@@ -276,6 +317,8 @@ WEIGHT_FORMATS = {
     "int4-f32head": {"quantization": "termchat_int4_f32head"},
     "int4-int4head": {"quantization": "termchat_int4_int4head"},  # the output layer in 4 bits too
     "int4-int8head": {"quantization": "termchat_int4_int8head"},  # the output layer in 8 bits, a scale per row
+    # the GGUF file's own blocks on ggml's kernels (vllm_ext/ggml.py), read from the file by its loader
+    "ggml": {"quantization": "termchat_ggml", "load_format": "termchat_gguf"},
 }
 
 
@@ -284,10 +327,9 @@ def in_format(profile: Profile, weights: str) -> Profile:
     if weights not in WEIGHT_FORMATS:
         raise UserError(f"unknown weight format {weights!r}; known: {', '.join(WEIGHT_FORMATS)}")
     change = WEIGHT_FORMATS[weights]
-    args = {k: v for k, v in profile.engine_args.items() if k != "quantization"}
-    if "quantization" in change:
-        args["quantization"] = change["quantization"]
-    return replace(profile, name=f"format-{weights}", dtype=change.get("dtype", "float32"), quantization=None, engine_args=args)
+    args = {k: v for k, v in profile.engine_args.items() if k not in ("quantization", "load_format")}
+    args |= {k: change[k] for k in ("quantization", "load_format") if k in change}
+    return replace(profile, name=f"format-{weights}", dtype=change.get("dtype", "float32"), quantization=None, weights=None, engine_args=args)
 
 
 def builtin_profiles() -> dict[str, Profile]:
@@ -332,9 +374,9 @@ def _suggest(word: str, known) -> str:
 def parse_config(text: str, file: str) -> tuple[Config, list[Problem]]:
     """Parse and validate a config text. Returns the usable profiles and every problem."""
     try:
-        raw = tomllib.loads(text)
-    except RecursionError:
-        return Config(builtin_profiles()), [Problem(file, None, "", "tables or arrays are nested too deeply to be a termchat config")]
+        raw = limits.toml_loads(text, "the file")
+    except limits.Refused as exc:
+        return Config(builtin_profiles()), [Problem(file, None, "", str(exc).removeprefix("the file "))]
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         match = re.search(r"\(at line (\d+), column (\d+)\)", msg)
@@ -427,6 +469,8 @@ def _parse_profile(name: str, table: dict, file: str, problem) -> Profile | None
         return None
     if "endpoint" in values and "model" not in values:
         values["model"] = ""  # asked of the server at the first request
+    if "endpoint" not in values and str(values.get("model", "")).startswith("termchat:") and cpu_build():
+        values = with_cpu_defaults(values)
     for key in LEGACY_KEYS:
         values.pop(key, None)
     values["speculative"] = spec

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from termchat import limits
 from termchat.errors import UserError
 
 
@@ -79,7 +80,9 @@ class LineIndex:
 def read_config_text(path: Path) -> str:
     """The file's text, or a ConfigError saying why it cannot be read as TOML text."""
     try:
-        data = path.read_bytes()
+        data = limits.read_file(path, limits.CONFIG_FILE, str(path))
+    except limits.Refused as exc:
+        raise ConfigError([Problem(str(path), None, "", str(exc).removeprefix(f"{path} ") + "; point --config at a TOML file")]) from None
     except FileNotFoundError:
         raise ConfigError([Problem(str(path), None, "", "file not found; check the path (or unset TERMCHAT_CONFIG)")]) from None
     except IsADirectoryError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from termchat import paths
+from termchat import numbers, paths
 
 
 def _file(profile_name: str):
@@ -21,21 +21,25 @@ def remember(profile_name: str, categories: list[dict], runs: int, max_tokens: i
     # a category where speculation changed the sampling has no speed-up to remember
     speedups = {c["category"]: round(c["speedup"], 2) for c in categories if c.get("lossless", True)}
     try:
-        path = paths.private_file(_file(profile_name))
         costs = sorted(c["step_cost"] for c in categories if c.get("step_cost"))
         step = costs[len(costs) // 2] if costs else None
-        path.write_text(json.dumps({"when": time.time(), "runs": runs, "max_tokens": max_tokens, "speedups": speedups, "step_cost": step}))
+        paths.write_private(_file(profile_name), json.dumps({"when": time.time(), "runs": runs, "max_tokens": max_tokens, "speedups": speedups, "step_cost": step}).encode())
     except OSError:
         pass  # a convenience for the picker, never a failure of the bench
 
 
+SPEEDUP = (0.01, 100.0)  # a speed-up outside this is not a measurement of ours
+
+
 def remembered(profile_name: str) -> dict[str, float]:
-    """category -> speed-up from the last bench of this profile ({} if none)."""
-    try:
-        data = json.loads(_file(profile_name).read_text())
-        return {str(k): float(v) for k, v in data["speedups"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    """category -> speed-up from the last bench of this profile ({} if none);
+    a figure that is not a finite number in SPEEDUP (NaN, 1e308, -3, true) is left out."""
+    data = paths.read_json(_file(profile_name))
+    speedups = data.get("speedups") if isinstance(data, dict) else None
+    if not isinstance(speedups, dict):
         return {}
+    found = {k: numbers.real(v, *SPEEDUP) for k, v in list(speedups.items())[:16] if isinstance(k, str) and len(k) <= 32}
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def summary(profile_name: str) -> str:
@@ -46,8 +50,5 @@ def summary(profile_name: str) -> str:
 
 def step_cost(profile_name: str) -> float | None:
     """A speculative step's time over a plain step's, as the last bench measured it."""
-    try:
-        value = json.loads(_file(profile_name).read_text()).get("step_cost")
-        return float(value) if value else None
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
+    data = paths.read_json(_file(profile_name))
+    return numbers.real(data.get("step_cost"), 0.01, 100.0) if isinstance(data, dict) else None

@@ -40,16 +40,15 @@ WIDGET_CSS = ["app.tcss", "widgets/chat_view.tcss", "widgets/message.tcss", "wid
 
 
 def _read_ui_state() -> dict:
-    try:
-        return json.loads((paths.state_dir() / UI_STATE).read_text())
-    except (OSError, ValueError):
-        return {}
+    """The remembered UI settings; {} for anything else (a link, a FIFO, a list)."""
+    state = paths.read_json(paths.state_dir() / UI_STATE)
+    return {k: v for k, v in state.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(state, dict) else {}
 
 
 def _write_ui_state(**changes) -> None:
     state = {**_read_ui_state(), **changes}
     try:
-        paths.private_file(paths.state_dir() / UI_STATE).write_text(json.dumps(state))
+        paths.write_private(paths.state_dir() / UI_STATE, json.dumps(state).encode())
     except OSError:
         pass  # remembering the theme is a convenience, never a failure
 

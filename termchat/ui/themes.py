@@ -23,7 +23,7 @@ from pygments.util import ClassNotFound
 from textual.highlight import HighlightTheme
 from textual.theme import Theme
 
-from termchat import paths
+from termchat import limits, paths
 
 COLOR_KEYS = ("primary", "secondary", "accent", "warning", "error", "success", "foreground", "background", "surface", "panel", "boost")
 
@@ -52,7 +52,8 @@ def builtin_dirs() -> list[Path]:
 
 
 def load_file(path: Path) -> TermchatTheme:
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    raw = limits.read_file(path, 64 << 10, str(path)) if isinstance(path, Path) else path.read_bytes()  # a packaged resource may not be a file
+    data = limits.toml_loads(raw.decode("utf-8"), str(path), 64 << 10)
     colors = data.get("colors", {})
     unknown = set(colors) - set(COLOR_KEYS)
     if unknown:

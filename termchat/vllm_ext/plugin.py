@@ -615,6 +615,13 @@ def register() -> None:
     except Exception as exc:  # never stop vLLM from starting: profiles asking for it then fail to start
         logger.warning("termchat: could not register the termchat_int4 quantization (%s: %s)", type(exc).__name__, exc)
     try:
+        from termchat.vllm_ext import ggml  # imports nothing else of termchat
+
+        if not ggml.register():
+            logger.debug("termchat: termchat_ggml not registered (%s)", ggml.unavailable() or "vLLM lacks the hooks")
+    except Exception as exc:  # never stop vLLM from starting: profiles asking for it then fail to start
+        logger.warning("termchat: could not register the termchat_ggml quantization (%s: %s)", type(exc).__name__, exc)
+    try:
         if os.environ.get("TERMCHAT_QUICK_LOAD", "1") != "0" and quick_compiled_load():
             logger.debug("termchat: inductor loads cached kernels without probing g++ (quick_compiled_load)")
     except Exception as exc:  # never stop vLLM from starting: torch probes as before

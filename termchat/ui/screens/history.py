@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
@@ -13,7 +12,7 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from termchat.errors import UserError
-from termchat.chat.store import ConversationRecord, Store
+from termchat.chat.store import ConversationRecord, Store, day
 from termchat.ui.text import plain
 
 
@@ -71,7 +70,7 @@ class HistoryScreen(Modal[tuple[str, int] | None]):
         options = self.query_one(OptionList)
         options.clear_options()
         for c, depth in in_branch_order(self.store.conversations(search=search)):
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
+            when = day(c.updated)
             branch = "  " * (depth - 1) + "↳ " if depth else ""
             mark = "● " if c.id == self.current else ""
             options.add_option(Option(plain(f"{when}  {c.profile:<14.14} {branch}{mark}{c.title}"), id=str(c.id)))

@@ -37,6 +37,17 @@ class ChatMarkdown(Markdown):
     BLOCKS = {**Markdown.BLOCKS, "fence": ThemedFence, "code_block": ThemedFence}
 
 
+PROMPT_SHOWN = 16_000  # characters of a sent prompt shown on screen
+
+
+def shown_prompt(text: str) -> str:
+    """A sent prompt as shown: whole, or its start and end with what lies between counted."""
+    if len(text) <= PROMPT_SHOWN:
+        return text
+    head, tail = text[: PROMPT_SHOWN * 3 // 4], text[-PROMPT_SHOWN // 4 :]
+    return f"{head}\n\n[... {len(text) - len(head) - len(tail):,} more characters, sent and stored whole ...]\n\n{tail}"
+
+
 class MessageView(Vertical):
     """A user prompt or an assistant reply, with what produced it."""
 
@@ -56,8 +67,9 @@ class MessageView(Vertical):
     def compose(self):
         yield Static(inert(self._header), classes="header", markup=False)
         if self.role == "user":
-            # what the user typed, line breaks and all (pasted code has no fences)
-            yield Static(inert(self.text), classes="user-text", markup=False)
+            # what the user typed, line breaks and all (pasted code has no fences); a paste of
+            # megabytes is shown in part (laying out 5 MB took seconds), and sent and stored whole
+            yield Static(inert(shown_prompt(self.text)), classes="user-text", markup=False)
             return
         yield ChatMarkdown(inert(self.text))
         yield Static("", classes="tint")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 
 def cmd_history_list(args) -> int:
-    import time
 
-    from termchat.chat.store import Store
+    from termchat.chat.store import Store, day
 
     from termchat.sanitize import inert
 
@@ -17,7 +16,7 @@ def cmd_history_list(args) -> int:
     if not rows:
         print("no conversations" + (f" matching '{args.search}'" if args.search else ""))
     for c in rows:
-        print(f"{c.id:>5}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(c.updated))}  {c.profile:<14}  {clean(c.title)}")
+        print(f"{c.id:>5}  {day(c.updated):<16}  {c.profile:<14}  {clean(c.title)}")
     return 0
 
 

@@ -1,0 +1,253 @@
+// termchat_ggml: a GGUF file's own blocks as weights in vLLM, multiplied by ggml's CPU kernels.
+//
+// pack() hands one linear layer's blocks (one or more shards of one ggml type) to ggml's
+// CPU backend, in the buffer ggml itself would choose for them: AMX or CPU_REPACK where
+// the CPU and the type allow it (the kernels llama.cpp runs), its plain buffer otherwise.
+// linear() multiplies by ggml's own mul_mat: the activations quantized once to the
+// type's vec_dot_type, then ggml's kernels over the weight rows. ggml is built with
+// OpenMP and linked to torch's own libgomp, so its threads are torch's threads: one
+// team, never a second pool. get_rows() dequantizes embedding rows (ggml's to_float).
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+#include "ggml.h"
+#include "ggml-cpu.h"
+#include "ggml-backend.h"
+
+namespace {
+
+struct Packed {
+  ggml_context* ctx = nullptr;          // holds the tensor's header
+  ggml_backend_buffer_t buf = nullptr;  // holds its blocks, repacked where ggml repacks
+  ggml_tensor* t = nullptr;
+};
+
+std::mutex registry_mutex;
+std::unordered_map<const void*, Packed*> registry;  // a handle's data pointer -> its ggml tensor
+
+void errors_only(enum ggml_log_level level, const char* text, void*) {
+  if (level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+void init_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ggml_log_set(errors_only, nullptr);  // not a line per repacked tensor
+    ggml_cpu_init();
+  });
+}
+
+ggml_backend_dev_t cpu_device() { return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU); }
+
+// the buffer types ggml's CPU backend offers weights, in its order (AMX, CPU_REPACK), then the plain one
+std::vector<ggml_backend_buffer_type_t> buffer_types(bool extra) {
+  std::vector<ggml_backend_buffer_type_t> out;
+  if (extra) {
+    ggml_backend_dev_t dev = cpu_device();
+    auto get = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
+    if (get)
+      for (auto* p = get(dev); p && *p; ++p) out.push_back(*p);
+  }
+  out.push_back(ggml_backend_cpu_buffer_type());
+  return out;
+}
+
+// would ggml multiply a weight of this type and shape held in `buft`? (llama.cpp's weight_buft_supported)
+bool supports(ggml_backend_buffer_type_t buft, ggml_type type, int64_t k, int64_t rows) {
+  if (buft == ggml_backend_cpu_buffer_type()) return true;
+  ggml_init_params params{ggml_tensor_overhead() * 4, nullptr, true};
+  ggml_context* ctx = ggml_init(params);
+  ggml_tensor* w = ggml_new_tensor_2d(ctx, type, k, rows);
+  ggml_tensor* op = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, 512));
+  w->buffer = ggml_backend_buft_alloc_buffer(buft, 0);
+  bool ok = ggml_backend_dev_supports_op(cpu_device(), op);
+  ggml_backend_buffer_free(w->buffer);
+  ggml_free(ctx);
+  return ok;
+}
+
+Packed* lookup(const at::Tensor& handle) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry.find(handle.data_ptr());
+  TORCH_CHECK(it != registry.end(), "termchat_ggml: this tensor is not a weight made by termchat_ggml::pack (copied?)");
+  return it->second;
+}
+
+ggml_threadpool* threadpool(int threads) {
+  static ggml_threadpool* pool = nullptr;  // with OpenMP only state: the threads are OpenMP's
+  static int size = 0;
+  if (!pool || size != threads) {
+    if (pool) ggml_threadpool_free(pool);
+    ggml_threadpool_params params = ggml_threadpool_params_default(threads);
+    pool = ggml_threadpool_new(&params);
+    size = threads;
+  }
+  return pool;
+}
+
+}  // namespace
+
+// rows of GGUF blocks, uint8 [rows, row_bytes] per shard (one ggml type, stacked in order)
+// -> a handle, uint8 [rows, bytes a row takes in ggml's buffer], over ggml's own memory
+at::Tensor pack(std::vector<at::Tensor> shards, int64_t type, int64_t k, bool extra) {
+  init_once();
+  TORCH_CHECK(type >= 0 && type < GGML_TYPE_COUNT && ggml_get_type_traits_cpu((ggml_type)type)->vec_dot, "termchat_ggml: ggml type ", type, " has no CPU kernel");
+  const ggml_type gtype = (ggml_type)type;
+  TORCH_CHECK(k > 0 && k % ggml_blck_size(gtype) == 0, "termchat_ggml: a row of ", k, " values is not whole ", ggml_type_name(gtype), " blocks");
+  const size_t row_bytes = ggml_row_size(gtype, k);
+  int64_t rows = 0;
+  for (auto& s : shards) {
+    TORCH_CHECK(s.scalar_type() == at::kByte && s.dim() == 2 && s.is_contiguous() && (size_t)s.size(1) == row_bytes,
+                "termchat_ggml: a shard must be contiguous uint8 [rows, ", row_bytes, "]");
+    rows += s.size(0);
+  }
+  TORCH_CHECK(rows > 0, "termchat_ggml: no rows");
+  std::vector<uint8_t> joined;  // ggml repacks whole tensors only
+  const void* data = shards.size() == 1 ? shards[0].data_ptr() : nullptr;
+  if (!data) {
+    joined.resize(rows * row_bytes);
+    size_t at = 0;
+    for (auto& s : shards) {
+      memcpy(joined.data() + at, s.data_ptr(), s.numel());
+      at += s.numel();
+    }
+    data = joined.data();
+  }
+  auto* p = new Packed();
+  ggml_init_params params{ggml_tensor_overhead(), nullptr, true};
+  p->ctx = ggml_init(params);
+  p->t = ggml_new_tensor_2d(p->ctx, gtype, k, rows);
+  for (auto buft : buffer_types(extra)) {
+    if (!supports(buft, gtype, k, rows)) continue;
+    const size_t size = ggml_backend_buft_get_alloc_size(buft, p->t);
+    p->buf = ggml_backend_buft_alloc_buffer(buft, size);
+    TORCH_CHECK(p->buf, "termchat_ggml: could not allocate ", size, " bytes for a weight");
+    ggml_backend_buffer_set_usage(p->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_backend_tensor_alloc(p->buf, p->t, ggml_backend_buffer_get_base(p->buf));
+    ggml_backend_tensor_set(p->t, data, 0, rows * row_bytes);
+    break;
+  }
+  const size_t held = ggml_backend_buffer_get_size(p->buf);
+  const int64_t width = held % rows == 0 ? (int64_t)(held / rows) : 1;
+  auto release = [p](void*) {
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      registry.erase(p->t->data);
+    }
+    ggml_backend_buffer_free(p->buf);
+    ggml_free(p->ctx);
+    delete p;
+  };
+  at::Tensor handle = at::from_blob(p->t->data, {rows, width}, release, at::TensorOptions().dtype(at::kByte));
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry[p->t->data] = p;
+  return handle;
+}
+
+std::string buffer_name(const at::Tensor& handle) { return ggml_backend_buffer_name(lookup(handle)->buf); }
+
+// x [..., k] times each handle's weight, transposed, side by side: [..., sum of their rows]
+at::Tensor linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
+  TORCH_CHECK(!weights.empty(), "termchat_ggml::linear: no weights");
+  std::vector<Packed*> packed;
+  int64_t n_total = 0;
+  for (auto& w : weights) {
+    packed.push_back(lookup(w));
+    n_total += packed.back()->t->ne[1];
+  }
+  const int64_t k = packed[0]->t->ne[0];
+  TORCH_CHECK(x.size(-1) == k, "termchat_ggml::linear: rows of ", x.size(-1), " values, the weight takes ", k);
+  at::Tensor rows = x.reshape({-1, k}).to(at::kFloat).contiguous();
+  const int64_t m = rows.size(0);
+  auto shape = x.sizes().vec();
+  shape.back() = n_total;
+  at::Tensor out = at::empty({m, n_total}, rows.options());
+  if (m > 0) {
+    thread_local std::vector<uint8_t> meta, work;
+    const size_t need = ggml_tensor_overhead() * (weights.size() + 2) + ggml_graph_overhead_custom(16, false);
+    if (meta.size() < need) meta.resize(need);
+    ggml_init_params params{meta.size(), meta.data(), true};
+    ggml_context* ctx = ggml_init(params);
+    ggml_tensor* src = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, m);
+    src->data = rows.data_ptr();
+    ggml_cgraph* graph = ggml_new_graph_custom(ctx, 16, false);
+    int64_t col = 0;
+    for (auto* p : packed) {
+      ggml_tensor* node = ggml_mul_mat(ctx, p->t, src);
+      node->data = out.data_ptr<float>() + col;  // its own columns of the output
+      node->nb[1] = n_total * sizeof(float);
+      node->nb[2] = node->nb[3] = node->nb[1] * m;
+      col += p->t->ne[1];
+      ggml_build_forward_expand(graph, node);
+    }
+    const int threads = std::max(1, at::get_num_threads());
+    ggml_cplan plan = ggml_graph_plan(graph, threads, threadpool(threads));
+    if (work.size() < plan.work_size) work.resize(plan.work_size);
+    plan.work_data = work.data();
+    const ggml_status status = ggml_graph_compute(graph, &plan);
+    ggml_free(ctx);
+    TORCH_CHECK(status == GGML_STATUS_SUCCESS, "termchat_ggml::linear: ggml's compute failed (", (int)status, ")");
+  }
+  return out.view(shape).to(x.scalar_type());
+}
+
+// shapes for torch.compile: symbolic sizes, so the number of tokens stays dynamic
+at::Tensor linear_meta(const at::Tensor& x, std::vector<at::Tensor> weights) {
+  c10::SymInt n_total = 0;
+  for (auto& w : weights) n_total += w.sym_size(0);
+  auto shape = x.sym_sizes().vec();
+  shape.back() = n_total;
+  return at::empty_symint(shape, x.options());
+}
+
+// rows `ids` of a weight kept as its GGUF blocks (uint8 [rows, row_bytes], not packed): float32 [..., k]
+at::Tensor get_rows(const at::Tensor& raw, const at::Tensor& ids, int64_t type, int64_t k) {
+  init_once();
+  TORCH_CHECK(type >= 0 && type < GGML_TYPE_COUNT, "termchat_ggml::get_rows: unknown type ", type);
+  const ggml_type gtype = (ggml_type)type;
+  const auto* traits = ggml_get_type_traits(gtype);
+  TORCH_CHECK(traits->to_float, "termchat_ggml: no dequantizer for ", ggml_type_name(gtype));
+  const size_t row_bytes = ggml_row_size(gtype, k);
+  TORCH_CHECK(raw.scalar_type() == at::kByte && raw.dim() == 2 && raw.is_contiguous() && (size_t)raw.size(1) == row_bytes, "termchat_ggml::get_rows: the weight must be uint8 [rows, ", row_bytes, "]");
+  at::Tensor flat = ids.reshape({-1}).to(at::kLong).contiguous();
+  const int64_t n = flat.size(0), vocab = raw.size(0);
+  at::Tensor out = at::empty({n, k}, at::TensorOptions().dtype(at::kFloat));
+  const int64_t* id = flat.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; i++) TORCH_CHECK(id[i] >= 0 && id[i] < vocab, "termchat_ggml::get_rows: row ", id[i], " of ", vocab);
+  const uint8_t* base = raw.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, n, 64, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) traits->to_float(base + id[i] * row_bytes, dst + i * k, k);
+  });
+  auto shape = ids.sizes().vec();
+  shape.push_back(k);
+  return out.view(shape);
+}
+
+at::Tensor get_rows_meta(const at::Tensor& raw, const at::Tensor& ids, int64_t type, int64_t k) {
+  auto shape = ids.sym_sizes().vec();
+  shape.push_back(c10::SymInt(k));
+  return at::empty_symint(shape, ids.options().dtype(at::kFloat));
+}
+
+TORCH_LIBRARY(termchat_ggml, m) {
+  m.def("pack(Tensor[] shards, int type, int k, bool extra) -> Tensor");
+  m.def("linear(Tensor x, Tensor[] weights) -> Tensor");
+  m.def("get_rows(Tensor raw, Tensor ids, int type, int k) -> Tensor");
+  m.def("buffer_name(Tensor handle) -> str");
+}
+TORCH_LIBRARY_IMPL(termchat_ggml, CPU, m) {
+  m.impl("pack", pack);
+  m.impl("linear", linear);
+  m.impl("get_rows", get_rows);
+  m.impl("buffer_name", buffer_name);
+}
+TORCH_LIBRARY_IMPL(termchat_ggml, Meta, m) {
+  m.impl("linear", linear_meta);
+  m.impl("get_rows", get_rows_meta);
+}

@@ -1,0 +1,118 @@
+"""The termchat_ggml operator: a GGUF's own blocks multiplied by ggml's CPU
+kernels inside torch (termchat/vllm_ext/ggml_op.cpp).
+
+For every tensor type termchat serves, a small GGUF is written here
+(tests/gguf_files.py), its blocks are read back by termchat's reader, and the
+operator's product is compared with the product of the `gguf` package's own
+dequantized weights, an independent implementation of the format. No engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests import gguf_files
+from termchat.models import gguf_import
+from termchat.vllm_ext import ggml, gguf_file
+
+pytestmark = pytest.mark.skipif(ggml.unavailable() is not None, reason=f"{ggml.unavailable()}")
+TYPES = [t for t in gguf_import.MATRIX_TYPES if t != "F32"]
+
+
+@pytest.fixture(scope="module")
+def op():
+    import torch
+
+    ggml.load()
+    return torch.ops.termchat_ggml
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, prepared_model) -> dict:
+    from termchat import models
+
+    folder = tmp_path_factory.mktemp("ggml")
+    packaged = models._gguf_path(quiet=True)
+    return {kind: (folder / f"{kind}.gguf", gguf_files.write_llama(folder / f"{kind}.gguf", kind, packaged)) for kind in TYPES}
+
+
+def blocks(path, name: str):
+    """A tensor's blocks as the engine's loader reads them: uint8 [rows, row_bytes]."""
+    import torch
+
+    header = gguf_file.read(path)
+    t = header.tensors[name]
+    with open(path, "rb") as handle:
+        handle.seek(t.offset)
+        raw = np.frombuffer(handle.read(t.nbytes), dtype=np.uint8).reshape(t.rows, t.row_bytes)
+    return t, torch.from_numpy(raw.copy())
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_each_type_multiplies_as_the_gguf_package_dequantizes_it(kind, written, op):
+    import torch
+
+    path, held = written[kind]
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.0.ffn_up.weight"):
+        t, raw = blocks(path, name)
+        assert t.type_name == kind
+        weight = torch.from_numpy(held[name]).double()  # what gguf dequantizes the blocks to
+        for extra in (True, False):  # ggml's AMX/repacked buffer where it takes this type, and its plain one
+            handle = op.pack([raw], t.type, t.shape[0], extra)
+            x = torch.randn(5, t.shape[0], generator=torch.Generator().manual_seed(1))
+            got = op.linear(x, [handle]).double()
+            want = x.double() @ weight.T
+            # ggml brings the activations to the type's vec_dot_type, as llama.cpp does: F16 rounds
+            # them to half precision (~0.03%), BF16 to bfloat16 (~0.3%), the quantized types to 8 bits (~0.5%)
+            tolerance = {"F16": 1e-3, "BF16": 5e-3}.get(kind, 2e-2)
+            assert ((got - want).norm() / want.norm()).item() < tolerance, (kind, name, extra, op.buffer_name(handle))
+        rows = op.get_rows(raw, torch.tensor([0, t.rows - 1, 3]), t.type, t.shape[0])  # ggml's to_float, no activations
+        assert torch.equal(rows, torch.from_numpy(held[name][[0, t.rows - 1, 3]])), (kind, name)
+
+
+def test_a_row_comes_out_the_same_alone_or_beside_others(written, op):
+    """Speculation verifies drafts several rows at a time, plain decoding one:
+    a row's product must not depend on its neighbours, or greedy text would
+    change with speculation (here: ggml's AMX tile path for many rows and its
+    VNNI path for one give identical bits)."""
+    import torch
+
+    for kind in ("Q4_1", "Q8_0", "Q4_K", "Q6_K"):
+        t, raw = blocks(written[kind][0], "blk.0.ffn_up.weight")
+        handle = op.pack([raw], t.type, t.shape[0], True)
+        x = torch.randn(17, t.shape[0], generator=torch.Generator().manual_seed(2))
+        together = op.linear(x, [handle])
+        alone = torch.cat([op.linear(x[i : i + 1], [handle]) for i in range(17)])
+        assert torch.equal(together, alone), (kind, op.buffer_name(handle))
+
+
+def test_shards_of_different_types_fill_their_own_columns(written, op):
+    """Q4_K_M keeps attn_v in Q6_K beside q and k in Q4_K: one layer, two ggml tensors."""
+    import torch
+
+    q_t, q = blocks(written["Q4_K"][0], "blk.0.attn_q.weight")
+    v_t, v = blocks(written["Q6_K"][0], "blk.0.attn_v.weight")
+    x = torch.randn(3, q_t.shape[0], generator=torch.Generator().manual_seed(3))
+    handles = [op.pack([q], q_t.type, q_t.shape[0], True), op.pack([v], v_t.type, v_t.shape[0], True)]
+    both = op.linear(x, handles)
+    assert both.shape == (3, q_t.rows + v_t.rows)
+    assert torch.equal(both[:, : q_t.rows], op.linear(x, handles[:1])) and torch.equal(both[:, q_t.rows :], op.linear(x, handles[1:]))
+    stacked = op.pack([q, q], q_t.type, q_t.shape[0], True)  # two shards of one type stack into one tensor
+    assert torch.equal(op.linear(x, [stacked]), torch.cat([op.linear(x, handles[:1])] * 2, 1))
+
+
+def test_a_tensor_that_is_not_a_packed_weight_is_refused_in_one_line(written, op):
+    import torch
+
+    t, raw = blocks(written["Q8_0"][0], "blk.0.attn_q.weight")
+    handle = op.pack([raw], t.type, t.shape[0], True)
+    with pytest.raises(RuntimeError, match="not a weight made by termchat_ggml::pack"):
+        op.linear(torch.randn(1, t.shape[0]), [handle.clone()])
+    with pytest.raises(RuntimeError, match="(?i)not whole q8_0 blocks"):
+        op.pack([raw], t.type, t.shape[0] - 1, True)
+
+
+def test_llama_q_and_k_rows_come_back_in_hugging_faces_order():
+    w = np.arange(8 * 3).reshape(8, 3)
+    assert np.array_equal(ggml.unpermute_rows(gguf_files.permute(w, 2), 2), w)
