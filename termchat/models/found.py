@@ -131,12 +131,13 @@ def _distinct(items: list[Found]) -> list[Found]:
 
 def found() -> list[Found]:
     """Every GGUF file in the three stores, once each, described by its header."""
-    from termchat.models.gguf_import import inspect
+    from termchat.models.gguf_import import config_of, inspect
 
     results = _distinct(_ollama() + _lmstudio() + _huggingface())
     for item in results:
         try:
             info = inspect(item.path)
+            config_of(info)  # the header-level checks of `models add` (not its read of every block)
         except UserError as exc:
             item.summary = str(exc).removeprefix(f"{item.path}: ")
             continue

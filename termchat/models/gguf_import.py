@@ -34,6 +34,7 @@ from pathlib import Path
 
 from termchat import models, paths
 from termchat.errors import UserError
+from termchat.progress import ProgressLine
 from termchat.vllm_ext import gguf_file
 from termchat.vllm_ext.ggml import ARCHITECTURES
 
@@ -255,21 +256,30 @@ def add(file: str | Path, name: str | None = None, quiet: bool = False) -> str:
     if target.exists() or target.is_symlink():
         raise UserError(f"{full} exists already ({target}); remove it with `termchat models remove {short}` or pick another --name")
     started = time.monotonic()
+    progress = ProgressLine(every=10.0)
+    progress.last = started  # in a log, a line only for a step that takes a while: a refusal stays one line
+    show = (lambda line: None) if quiet else progress.show
     config = config_of(info)
-    _say(f"[1/3] checking {info.path.name} whole ({info.bytes / 1e9:.2f} GB, {len(info.header.tensors)} tensors)", quiet)
-    scan_scales(info)
-    _check_memory(info)
-    _say("[2/3] writing its config and tokenizer", quiet)
+    show(f"[1/3] checking {info.path.name} whole ({info.bytes / 1e9:.2f} GB, {len(info.header.tensors)} tensors)")
+    try:
+        scan_scales(info, lambda t: show(f"[1/3] checking {info.path.name} whole: {t.name}"))
+        _check_memory(info)
+    finally:
+        progress.done()
+    show("[2/3] writing its config and tokenizer")
     with tempfile.TemporaryDirectory(prefix="termchat-add-") as staging:  # all of it before the models folder is touched
         staged = Path(staging)
         (staged / "config.json").write_text(json.dumps(config, indent=2))
-        _tokenizer(info, staged)
+        try:
+            _tokenizer(info, staged)
+        finally:
+            progress.done()
         source = {"gguf": str(info.path.resolve()), "identity": list(info.header.identity), "bytes": info.bytes, "architecture": info.architecture,
                   "gguf_name": info.name, "types": info.types, "added_at": time.time()}
         (staged / "termchat-source.json").write_text(json.dumps(source, indent=2))
-        _say("[3/3] moving into place", quiet)
         _place(staged, target)
-    _say(f"added {full} in {time.monotonic() - started:.0f} s ({info.path} is served as it is: keep it there)", quiet)
+    if not quiet:
+        progress.say(f"added {full} in {time.monotonic() - started:.0f} s; {info.path} is served as it is: keep it there")
     return full
 
 
@@ -343,13 +353,6 @@ def _check_memory(info: GgufFile) -> None:
         return
     if info.bytes > total - (2 << 30):
         raise UserError(f"{info.path}: serving its {info.bytes / 1e9:.1f} GB needs more than this machine's {total / 1e9:.0f} GB of memory; pick a smaller quantization")
-
-
-def _say(message: str, quiet: bool) -> None:
-    if not quiet:
-        import sys
-
-        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _default_name(info: GgufFile) -> str:

@@ -256,7 +256,13 @@ def _cpu_engine() -> dict:
         system_prompt="You are a helpful, concise assistant for programmers.",
         weights="auto",  # the fastest format that passes the quality guard here (engine/weights.py)
         engine_args={"distributed_executor_backend": "uni", "kv_cache_memory_bytes": KV_CACHE_BYTES},
-        env={"VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TERMCHAT_FORK_ENGINE_CORE": "1"},
+        # VLLM_CPU_ATTN_SPLIT_KV=0: vLLM's CPU attention splits one decode query's KV cache over the
+        # threads and merges the parts, summing in another order than a step of several queries (draft
+        # verification) does: a last-bit difference, which ggml's 8-bit activations turn into another
+        # greedy token at near-ties (with it split, 8 of 20 greedy replies were the same with and without
+        # suffix decoding; unsplit, 20 of 20: bench README, "Speculation that never changes the answer, on ggml")
+        env={"VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TERMCHAT_FORK_ENGINE_CORE": "1",
+             "VLLM_CPU_ATTN_SPLIT_KV": "0"},
     )
 
 
