@@ -219,3 +219,97 @@ class SlowEndpoint:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Hostile:
+    """A server that means harm, for the limits where data enters (NOT vLLM):
+    `kind` is one of
+    - "deep-line": a reply line nested 100,000 deep;
+    - "deep-error": HTTP 500 with a body nested 20,000 deep;
+    - "endless-error": HTTP 500 with a body that never ends;
+    - "endless-models": a /v1/models that never ends (a profile without `model` asks it);
+    - "endless-metrics": a /metrics that never ends (a remote vLLM's counters are read around a reply);
+    - "string-ids": token ids sent as a 1,000-character string.
+    `sent` counts the bytes it wrote, to show how much a client took."""
+
+    DEEP = "[" * 100_000 + "]" * 100_000
+    DEEP_ERROR = "[" * 20_000 + "]" * 20_000  # under an error body's size limit: the depth rule must catch it
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.sent = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def endless(self, status: int, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Connection", "close")
+                self.end_headers()
+                block = b"x" * (1 << 20)
+                try:
+                    while not outer.stopped.is_set():
+                        self.wfile.write(block)
+                        outer.sent += len(block)
+                except OSError:  # the client hung up: what a bounded reader does
+                    pass
+                self.close_connection = True
+
+            def whole(self, status: int, body: bytes, kind: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                outer.sent += len(body)
+
+            def do_GET(self):
+                if self.path.endswith("/models") and outer.kind == "endless-models":
+                    return self.endless(200, "application/json")
+                if self.path.endswith("/metrics"):
+                    if outer.kind == "endless-metrics":
+                        return self.endless(200, "text/plain")
+                    return self.whole(200, b"vllm:request_success_total 0\n", "text/plain")
+                self.whole(200, json.dumps({"data": [{"id": MODEL}]}).encode())
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if outer.kind == "deep-error":
+                    return self.whole(500, outer.DEEP_ERROR.encode())
+                if outer.kind == "endless-error":
+                    return self.endless(500, "application/json")
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                lines = [chunk("Hel")]
+                if outer.kind == "deep-line":
+                    lines.append("data: " + outer.DEEP + "\n\n")
+                elif outer.kind == "string-ids":
+                    lines = ["data: " + json.dumps({"choices": [{"delta": {"content": "Hello"}, "token_ids": "x" * 1000}]}) + "\n\n", "data: [DONE]\n\n"]
+                else:
+                    lines += [chunk("lo."), "data: [DONE]\n\n"]
+                for line in lines:
+                    self.wfile.write(line.encode())
+                    self.wfile.flush()
+                self.close_connection = True
+
+        self.stopped = threading.Event()
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Hostile:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.server.shutdown()
+        self.server.server_close()

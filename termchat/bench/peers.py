@@ -13,7 +13,17 @@ one after the other on this machine (one engine at a time):
   Q4_1 GGUF file the default model is converted from (what Ollama and LM
   Studio would run), plain.
 
-llama.cpp runs with n_batch=1 (its build here crashes in batched prefill).
+With `--files 1.7b,7b`, also on files of the sizes users bring (written by
+bench/user_files.py: a SmolLM2-1.7B-shape Q4_1 file and a Mistral-7B-shape
+Q4_K_M one, random weights): each is added with `termchat models add` into a
+models folder of the bench's own and served from a one-line profile
+(`model = "termchat:NAME"`: the built-ins' CPU settings, the GGUF's own
+blocks on ggml), plain, beside llama.cpp on the same file; with the time and
+bytes `models add` took and the engine's resident memory after its replies.
+
+llama.cpp runs with n_batch=1 (its build here crashes in batched prefill:
+GCC 12 miscompiles ggml's AMX tile configuration at -O3, see
+vllm_ext/amx_gcc12_fix.h; termchat's own ggml build carries the fix).
 Decode tokens/s everywhere = (output tokens - 1) / (time after the first
 token), the bench's definition: prefill excluded. transformers has no first
 token time of its own: its prefill is timed as a 1-token generate of the
@@ -78,7 +88,7 @@ def transformers_speeds(prompts, max_tokens: int, lookup: int | None) -> list[fl
     return speeds
 
 
-def llama_cpp_speeds(prompts, max_tokens: int) -> list[float] | None:
+def llama_cpp_speeds(prompts, max_tokens: int, file=None) -> list[float] | None:
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -90,7 +100,7 @@ def llama_cpp_speeds(prompts, max_tokens: int) -> list[float] | None:
     # n_batch=1: llama-cpp-python 0.3.36 as built here segfaults in batched prefill (any
     # prompt of more than one token with n_batch > 1); one token per batch only slows the
     # prefill, which the decode figure leaves out
-    llm = Llama(model_path=str(_gguf_path(quiet=True)), n_ctx=4096, n_batch=1, n_threads=os.cpu_count(), verbose=False)
+    llm = Llama(model_path=str(file or _gguf_path(quiet=True)), n_ctx=4096, n_batch=1, n_threads=os.cpu_count(), verbose=False)
     speeds = []
     for p in prompts:
         first = None
@@ -104,12 +114,57 @@ def llama_cpp_speeds(prompts, max_tokens: int) -> list[float] | None:
     return speeds
 
 
+def user_file_row(name: str, prompts, max_tokens: int) -> dict:
+    """One user-size file: added, served by termchat plain, and by llama.cpp, in this run."""
+    import os
+
+    from termchat import paths
+    from termchat.bench import user_files
+    from termchat.engine import proc
+    from termchat.engine.client import Sampling, complete_sync
+    from termchat.engine.connect import open_engine
+    from termchat.models import gguf_import
+    from termchat.profiles import parse_config
+
+    file = user_files.path(name)
+    models = paths.cache_dir() / "bench-models"  # the bench's own: the user's model list is left alone
+    os.environ["TERMCHAT_MODELS"] = str(models)  # for the engine it starts too
+    short = f"bench-{name}"
+    target = models / "added" / short
+    if target.exists():
+        gguf_import.remove(short)
+    started = time.monotonic()
+    gguf_import.add(file, short, quiet=True)
+    added_s = time.monotonic() - started
+    written = sum(f.stat().st_size for f in target.iterdir())
+    config, _ = parse_config(f'[profiles."{short}"]\nmodel = "termchat:{short}"\n', "one-line profile")
+    print(f"termchat on {file.name} ...", file=sys.stderr, flush=True)
+    engine = open_engine(config.get(short), progress=lambda line: print(line, file=sys.stderr), attach=False)
+    try:
+        complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))
+        ours = [complete_sync(engine, [{"role": "user", "content": p.text}], Sampling(temperature=0.0, max_tokens=max_tokens)).stats.decode_tokens_per_s or 0.0 for p in prompts]
+        rss = proc.rss_bytes(engine.pid)
+    finally:
+        engine.stop()
+    print(f"llama.cpp on {file.name} ...", file=sys.stderr, flush=True)
+    theirs = llama_cpp_speeds(prompts, max_tokens, file)
+    return {"file": file, "bytes": file.stat().st_size, "added_s": added_s, "written": written, "rss": rss, "termchat": ours, "llama.cpp": theirs}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m termchat.bench.peers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-category", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--profiles", default="local,local-plain", help="built-in profiles, comma-separated; NAME:FORMAT for another weight format (int4, bfloat16, ...)")
+    parser.add_argument("--files", default="", help="user-size files too, comma-separated, of: 1.7b, 7b (bench/user_files.py)")
+    parser.add_argument("--file-prompts", type=int, default=4, help="prompts (of the chat category) for each user-size file")
+    parser.add_argument("--no-transformers", action="store_true", help="leave out the transformers columns")
     args = parser.parse_args(argv)
+    from termchat.bench import user_files
+
+    files = [f.strip() for f in args.files.split(",") if f.strip()]
+    if [f for f in files if f not in user_files.SHAPES]:
+        parser.error(f"--files takes {', '.join(user_files.SHAPES)}")
     from termchat.profiles import WEIGHT_FORMATS, builtin_profiles
 
     names = [n.strip() for n in args.profiles.split(",") if n.strip()]
@@ -126,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         print(f"termchat {name} ...", file=sys.stderr, flush=True)
         columns[f"termchat {name}"] = termchat_speeds(name, prompts, args.max_tokens)
-    print("transformers ...", file=sys.stderr, flush=True)
-    columns["transformers f32"] = transformers_speeds(prompts, args.max_tokens, None)
-    columns["transformers f32 lookup"] = transformers_speeds(prompts, args.max_tokens, 10)
+    if not args.no_transformers:
+        print("transformers ...", file=sys.stderr, flush=True)
+        columns["transformers f32"] = transformers_speeds(prompts, args.max_tokens, None)
+        columns["transformers f32 lookup"] = transformers_speeds(prompts, args.max_tokens, 10)
     print("llama.cpp ...", file=sys.stderr, flush=True)
     columns["llama.cpp Q4_1"] = llama_cpp_speeds(prompts, args.max_tokens)
     categories = list(dict.fromkeys(p.category for p in prompts))
@@ -159,6 +215,18 @@ def main(argv: list[str] | None = None) -> int:
               [statistics.median(ratios[c].values()) if ratios[c] else None for c in ours]))
     if columns["llama.cpp Q4_1"] is None:
         print("\nllama.cpp: not installed here (pip install 'termchat[peers]' builds llama-cpp-python, about 2 minutes)")
+    chats = [p for p in builtin() if p.category == "chat"][: args.file_prompts]
+    rows = [user_file_row(name, chats, args.max_tokens) for name in files]
+    if rows:
+        print(f"\nuser-size files (random weights), plain decoding, T=0, {args.max_tokens} tokens, {len(chats)} chat prompts (median decode tok/s)\n")
+        print("| file | size | `models add` | written | termchat | llama.cpp | termchat / llama.cpp | engine memory | memory - file |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            ours = statistics.median(s for s in r["termchat"] if s) if any(r["termchat"]) else None
+            theirs = statistics.median(s for s in r["llama.cpp"] if s) if r["llama.cpp"] and any(r["llama.cpp"]) else None
+            ratio = f"{ours / theirs:.2f}" if ours and theirs else "-"
+            print(f"| {r['file'].name} | {r['bytes'] / 1e9:.2f} GB | {r['added_s']:.1f} s | {r['written'] / 1e6:.1f} MB | {ours or 0:.1f} | {theirs or 0:.1f} | {ratio} | "
+                  f"{r['rss'] / 1e9:.2f} GB | {(r['rss'] - r['bytes']) / 1e9:+.2f} GB |")
     return 0
 
 

@@ -46,6 +46,7 @@ KEEP_LOGS = 5  # engine logs kept per profile
 
 # vLLM's and termchat's words for why an engine could not start -> what it means and what to do
 _ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)$")
+_WRAPPERS = re.compile(r"See root cause above|Engine core initialization failed|Failed core proc")  # vLLM's, around the cause
 START_FAILURES = (
     (re.compile(r"KV cache is needed|maximum number of tokens that can be stored in KV cache|kv_cache_memory_bytes", re.I),
      "its KV cache is too small for the context ({detail}); raise kv_cache_memory_bytes in engine_args or lower max_model_len"),
@@ -58,7 +59,7 @@ START_FAILURES = (
 
 def diagnose(log: str, code: int | None) -> str:
     """One line from an engine's log: the cause vLLM or termchat's loader gave."""
-    errors = [m for m in (_ERROR_LINE.search(line.strip()) for line in log.splitlines()) if m]
+    errors = [m for m in (_ERROR_LINE.search(line.strip()) for line in log.splitlines()) if m and not _WRAPPERS.search(m.group(2))]
     detail = errors[-1].group(2).strip()[:240] if errors else ""
     for pattern, says in START_FAILURES:
         if detail and pattern.search(detail) or not detail and pattern.search(log[-4000:]):

@@ -150,7 +150,9 @@ def build(force: bool = False) -> Path:
         libs = build_ggml(source, work, log)
         library = build_operator(source / "include", libs, work, log)
         STAMP.unlink(missing_ok=True)
-        shutil.copy2(library, LIBRARY)
+        fresh = LIBRARY.with_name(f".{LIBRARY.name}.{os.getpid()}")
+        shutil.copy2(library, fresh)
+        os.replace(fresh, LIBRARY)  # a new file, renamed over: an engine running the old one keeps its own
     STAMP.write_text(json.dumps({"fingerprint": fingerprint(), "built_at": time.time(), "seconds": round(time.monotonic() - started, 1)}, indent=2))
     say(f"built {LIBRARY} in {time.monotonic() - started:.0f} s")
     return LIBRARY

@@ -197,6 +197,36 @@ at::Tensor linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
 }
 
 // shapes for torch.compile: symbolic sizes, so the number of tokens stays dynamic
+// ggml's own way, for measuring: every product xs[i] @ weights[i].T as one graph, computed in
+// one call (bench.kernels compares linear()'s one call per layer with it)
+std::vector<at::Tensor> graph(std::vector<at::Tensor> xs, std::vector<at::Tensor> weights) {
+  TORCH_CHECK(xs.size() == weights.size() && !xs.empty(), "termchat_ggml::graph: as many inputs as weights");
+  const size_t n = xs.size();
+  std::vector<uint8_t> meta(ggml_tensor_overhead() * (2 * n + 2) + ggml_graph_overhead_custom(2 * n + 16, false));
+  ggml_init_params params{meta.size(), meta.data(), true};
+  ggml_context* ctx = ggml_init(params);
+  ggml_cgraph* g = ggml_new_graph_custom(ctx, 2 * n + 16, false);
+  std::vector<at::Tensor> rows, outs;
+  for (size_t i = 0; i < n; i++) {
+    Packed* p = lookup(weights[i]);
+    rows.push_back(xs[i].reshape({-1, p->t->ne[0]}).to(at::kFloat).contiguous());
+    outs.push_back(at::empty({rows[i].size(0), p->t->ne[1]}, rows[i].options()));
+    ggml_tensor* src = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, p->t->ne[0], rows[i].size(0));
+    src->data = rows[i].data_ptr();
+    ggml_tensor* node = ggml_mul_mat(ctx, p->t, src);
+    node->data = outs[i].data_ptr();
+    ggml_build_forward_expand(g, node);
+  }
+  const int threads = std::max(1, at::get_num_threads());
+  ggml_cplan plan = ggml_graph_plan(g, threads, threadpool(threads));
+  std::vector<uint8_t> work(plan.work_size);
+  plan.work_data = work.data();
+  const ggml_status status = ggml_graph_compute(g, &plan);
+  ggml_free(ctx);
+  TORCH_CHECK(status == GGML_STATUS_SUCCESS, "termchat_ggml::graph: ggml's compute failed");
+  return outs;
+}
+
 at::Tensor linear_meta(const at::Tensor& x, std::vector<at::Tensor> weights) {
   c10::SymInt n_total = 0;
   for (auto& w : weights) n_total += w.sym_size(0);
@@ -240,12 +270,14 @@ TORCH_LIBRARY(termchat_ggml, m) {
   m.def("linear(Tensor x, Tensor[] weights) -> Tensor");
   m.def("get_rows(Tensor raw, Tensor ids, int type, int k) -> Tensor");
   m.def("buffer_name(Tensor handle) -> str");
+  m.def("graph(Tensor[] xs, Tensor[] weights) -> Tensor[]");
 }
 TORCH_LIBRARY_IMPL(termchat_ggml, CPU, m) {
   m.impl("pack", pack);
   m.impl("linear", linear);
   m.impl("get_rows", get_rows);
   m.impl("buffer_name", buffer_name);
+  m.impl("graph", graph);
 }
 TORCH_LIBRARY_IMPL(termchat_ggml, Meta, m) {
   m.impl("linear", linear_meta);
