@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from termchat.errors import UserError
-from termchat.coding.shell import change_folder
 
 T = TypeVar("T")
 
@@ -81,9 +80,10 @@ def apply_arguments(arg: str) -> tuple[int | None, str | None]:
 
 
 class SessionCommands:
-    """The commands both front-ends carry out alike: each changes the chat
-    session, the folder or the files, and says what it did. A front-end
-    provides `session` (a ChatSession), `undo` (an apply.UndoStack) and `say`."""
+    """The chat commands both front-ends carry out alike: each changes the chat
+    session and says what it did. A front-end provides `session` (a
+    ChatSession) and `say`; the folder and the files are coding's
+    (coding/commands.py: /cd, /undo, /apply, /run, /test, /fix)."""
 
     async def do_temp(self, arg: str) -> None:
         self.say(self.session.set_temperature(arg))
@@ -96,12 +96,6 @@ class SessionCommands:
 
     async def do_file(self, arg: str) -> None:
         self.say(self.session.attach(arg))
-
-    async def do_cd(self, arg: str) -> None:
-        self.say(change_folder(arg))
-
-    async def do_undo(self, arg: str) -> None:
-        self.say(self.undo.undo())
 
 
 async def dispatch(front, text: str) -> None:

@@ -16,11 +16,12 @@ from tests import gguf_files
 from termchat.models import gguf_import
 from termchat.vllm_ext import ggml, gguf_file
 
-pytestmark = pytest.mark.skipif(ggml.unavailable() is not None, reason=f"{ggml.unavailable()}")
+needs_operator = pytest.mark.skipif(ggml.unavailable() is not None, reason=f"{ggml.unavailable()}")
 TYPES = [t for t in gguf_import.MATRIX_TYPES if t != "F32"]
 
 
 @pytest.fixture(scope="module")
+@needs_operator
 def op():
     import torch
 
@@ -50,6 +51,7 @@ def blocks(path, name: str):
 
 
 @pytest.mark.parametrize("kind", TYPES)
+@needs_operator
 def test_each_type_multiplies_as_the_gguf_package_dequantizes_it(kind, written, op):
     import torch
 
@@ -71,6 +73,7 @@ def test_each_type_multiplies_as_the_gguf_package_dequantizes_it(kind, written, 
         assert torch.equal(rows, torch.from_numpy(held[name][[0, t.rows - 1, 3]])), (kind, name)
 
 
+@needs_operator
 def test_a_row_comes_out_the_same_alone_or_beside_others(written, op):
     """Speculation verifies drafts several rows at a time, plain decoding one:
     a row's product must not depend on its neighbours, or greedy text would
@@ -87,6 +90,7 @@ def test_a_row_comes_out_the_same_alone_or_beside_others(written, op):
         assert torch.equal(together, alone), (kind, op.buffer_name(handle))
 
 
+@needs_operator
 def test_shards_of_different_types_fill_their_own_columns(written, op):
     """Q4_K_M keeps attn_v in Q6_K beside q and k in Q4_K: one layer, two ggml tensors."""
     import torch
@@ -102,6 +106,7 @@ def test_shards_of_different_types_fill_their_own_columns(written, op):
     assert torch.equal(op.linear(x, [stacked]), torch.cat([op.linear(x, handles[:1])] * 2, 1))
 
 
+@needs_operator
 def test_a_tensor_that_is_not_a_packed_weight_is_refused_in_one_line(written, op):
     import torch
 
@@ -116,3 +121,22 @@ def test_a_tensor_that_is_not_a_packed_weight_is_refused_in_one_line(written, op
 def test_llama_q_and_k_rows_come_back_in_hugging_faces_order():
     w = np.arange(8 * 3).reshape(8, 3)
     assert np.array_equal(ggml.unpermute_rows(gguf_files.permute(w, 2), 2), w)
+
+
+def test_a_build_that_fails_is_one_line_and_keeps_what_was_there(monkeypatch, tmp_path, capsys):
+    """The set-up goes on without the operator (the other formats stay); a built one is not touched."""
+    from termchat.vllm_ext import build
+
+    monkeypatch.setattr(build, "OUT", tmp_path / "termchat-ggml")
+    monkeypatch.setattr(build, "LIBRARY", tmp_path / "termchat-ggml" / "termchat_ggml.so")
+    monkeypatch.setattr(build, "STAMP", tmp_path / "termchat-ggml" / "build.json")
+
+    def offline(work, log):
+        raise RuntimeError("`pip download llama-cpp-python==0.3.36 ...` failed (exit 1): no network")
+
+    monkeypatch.setattr(build, "ggml_source", offline)
+    assert build.main(["--force"]) == 1
+    lines = capsys.readouterr().err.splitlines()  # what it starts, then why it stopped: no traceback
+    assert len(lines) == 2 and "building ggml" in lines[0] and "Traceback" not in "".join(lines)
+    assert "the ggml operator was not built (RuntimeError: `pip download" in lines[1] and 'weights = "ggml" is unavailable, the other formats stay' in lines[1]
+    assert not build.LIBRARY.exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "termchat"
 # lower first: a module may import its own folder and any folder ranked below it
-RANK = {"base": 0, "vllm_ext": 0, "models": 1, "profiles": 2, "detect": 2, "engine": 3, "chat": 4, "coding": 4, "slash": 4, "bench": 5, "ui": 5, "repl": 5, "cli": 6}
+RANK = {"base": 0, "vllm_ext": 0, "models": 1, "profiles": 2, "detect": 2, "engine": 3, "slash": 3, "chat": 4, "coding": 4, "bench": 5, "ui": 5, "repl": 5, "cli": 6}
 BASE = {"__init__", "bootstrap", "paths", "errors", "numbers", "limits", "sanitize", "files", "progress"}
 
 

@@ -80,6 +80,41 @@ async def continuation_logprob(engine, prompt: str, reply: str) -> tuple[float, 
     return sum(values), len(values)
 
 
+async def continuation_tokens(engine, prompt: str, reply: str) -> tuple[list[int], int]:
+    """The token ids of `prompt` (chat template) and `reply`, as `engine` tokenizes them, and where the reply starts."""
+    user = [{"role": "user", "content": prompt}]
+    head = await engine.client.post(engine.root_url + "/tokenize", json={"model": engine.model_name, "messages": user, "add_generation_prompt": True})
+    whole = await engine.client.post(engine.root_url + "/tokenize", json={"model": engine.model_name, "messages": [*user, {"role": "assistant", "content": reply}],
+                                                                           "continue_final_message": True, "add_generation_prompt": False})
+    head.raise_for_status()
+    whole.raise_for_status()
+    return whole.json()["tokens"], head.json()["count"]
+
+
+def llama_cpp_scores(sequences: list[tuple[list[int], int]]) -> list[tuple[float, int]] | None:
+    """Sum and count of the log-probabilities llama.cpp (llama-cpp-python, on the
+    packaged GGUF file) gives the same reply tokens; None where it is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    import numpy as np
+
+    from termchat.models import _gguf_path
+
+    llm = Llama(model_path=str(_gguf_path(quiet=True)), n_ctx=4096, n_batch=1, logits_all=True, verbose=False)  # n_batch=1: bench.peers says why
+    scored = []
+    for ids, start in sequences:
+        llm.reset()
+        llm.eval(ids)
+        logits = np.array(llm.scores[: len(ids)], dtype=np.float64)
+        logits -= logits.max(-1, keepdims=True)
+        logprobs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        values = [logprobs[i - 1, ids[i]] for i in range(start, len(ids))]
+        scored.append((float(sum(values)), len(values)))
+    return scored
+
+
 def more_loops_than_chance(variant: list[bool], reference: list[bool], alpha: float = 0.05) -> bool:
     """Do the prompts whose reply loops only under the variant outnumber those
     that loop only under the reference by more than chance (one-sided sign test)?"""
@@ -96,9 +131,10 @@ def run_engine(profile, prompts: list[str], references: list[str] | None, loop_p
         long = [complete_sync(engine, [{"role": "user", "content": p}], Sampling(temperature=0.0, max_tokens=128)) for p in loop_prompts]
         refs = references or [g.text for g in greedy]
         scored = [engine.run(lambda p=p, r=r: continuation_logprob(engine, p, r)) for p, r in zip(prompts, refs)]
+        tokens = [engine.run(lambda p=p, r=r: continuation_tokens(engine, p, r)) for p, r in zip(prompts, refs)] if references is None else None
     finally:
         engine.stop()
-    return greedy, long, scored
+    return greedy, long, scored, tokens
 
 
 def variants(names: list[str]) -> dict:
@@ -131,11 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_line(), flush=True)
     speeds: dict[str, list[float]] = {n: [] for n in profiles}
     first: dict[str, tuple] = {}
+    reference_tokens: list = []
     for run in range(args.runs):
         for name, profile in profiles.items():
             refs = [g.text for g in first["float32"][0]] if "float32" in first else None
-            greedy, long, scored = run_engine(profile, prompts, refs, [p.text for p in looped_at])
+            greedy, long, scored, tokens = run_engine(profile, prompts, refs, [p.text for p in looped_at])
             first.setdefault(name, (greedy, long, scored))
+            if tokens is not None:
+                reference_tokens = tokens
             speeds[name].append(statistics.median(s.stats.decode_tokens_per_s for s in long if s.stats.decode_tokens_per_s))
             print(f"run {run + 1}: {name} {speeds[name][-1]:.1f} tok/s", flush=True)
     ref_greedy, _, ref_scored = first["float32"]
@@ -166,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
                            parsed=sum(c is True for c in code), blocks=sum(c is not None for c in code))
     row("mean log-probability of float32's greedy replies", [f"{verdicts[n]['mean']:.4f}" for n in names])
     row("shift from float32 (limit 1%)", [f"{verdicts[n]['shift']:.2%}" for n in names])
+    peer = llama_cpp_scores(reference_tokens)
+    if peer is not None:  # the same tokens under llama.cpp on the GGUF file: what its kernels shift
+        peer_mean = sum(s for s, _ in peer) / sum(k for _, k in peer)
+        print(f"llama.cpp (llama-cpp-python, the GGUF file) on the same tokens: mean log-probability {peer_mean:.4f}, shift from float32 {abs(peer_mean - ref_mean) / abs(ref_mean):.2%}")
     row(f"distinct-2 of its {len(looped_at)} 128-token replies / replies that loop", [f"{verdicts[n]['d2']:.3f} / {verdicts[n]['loops']}" for n in names])
     row("replies that loop here and not under float32 / the reverse", ["{} / {}".format(*loop_pairs(verdicts[n]["looped"], verdicts["float32"]["looped"])) for n in names])
     row("code replies' Python blocks that parse", [f"{verdicts[n]['parsed']}/{verdicts[n]['blocks']}" for n in names])

@@ -88,7 +88,8 @@ def transformers_speeds(prompts, max_tokens: int, lookup: int | None) -> list[fl
     return speeds
 
 
-def llama_cpp_speeds(prompts, max_tokens: int, file=None) -> list[float] | None:
+def llama_cpp_model(file=None):
+    """llama.cpp (llama-cpp-python) on a GGUF file, or None where it is not installed."""
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -100,18 +101,23 @@ def llama_cpp_speeds(prompts, max_tokens: int, file=None) -> list[float] | None:
     # n_batch=1: llama-cpp-python 0.3.36 as built here segfaults in batched prefill (any
     # prompt of more than one token with n_batch > 1); one token per batch only slows the
     # prefill, which the decode figure leaves out
-    llm = Llama(model_path=str(file or _gguf_path(quiet=True)), n_ctx=4096, n_batch=1, n_threads=os.cpu_count(), verbose=False)
-    speeds = []
-    for p in prompts:
-        first = None
-        count = 0
-        for chunk in llm.create_chat_completion([{"role": "user", "content": p.text}], max_tokens=max_tokens, temperature=0.0, stream=True):
-            if "content" in chunk["choices"][0]["delta"]:  # one chunk per token
-                count += 1
-                first = first or time.perf_counter()
-        ended = time.perf_counter()
-        speeds.append((count - 1) / (ended - first) if first and count > 1 else 0.0)
-    return speeds
+    return Llama(model_path=str(file or _gguf_path(quiet=True)), n_ctx=4096, n_batch=1, n_threads=os.cpu_count(), verbose=False)
+
+
+def llama_cpp_speed(llm, prompt: str, max_tokens: int) -> float:
+    first = None
+    count = 0
+    for chunk in llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0.0, stream=True):
+        if "content" in chunk["choices"][0]["delta"]:  # one chunk per token
+            count += 1
+            first = first or time.perf_counter()
+    ended = time.perf_counter()
+    return (count - 1) / (ended - first) if first and count > 1 else 0.0
+
+
+def llama_cpp_speeds(prompts, max_tokens: int, file=None) -> list[float] | None:
+    llm = llama_cpp_model(file)
+    return None if llm is None else [llama_cpp_speed(llm, p.text, max_tokens) for p in prompts]
 
 
 def user_file_row(name: str, prompts, max_tokens: int) -> dict:
@@ -138,17 +144,23 @@ def user_file_row(name: str, prompts, max_tokens: int) -> dict:
     added_s = time.monotonic() - started
     written = sum(f.stat().st_size for f in target.iterdir())
     config, _ = parse_config(f'[profiles."{short}"]\nmodel = "termchat:{short}"\n', "one-line profile")
-    print(f"termchat on {file.name} ...", file=sys.stderr, flush=True)
+    # both loaded side by side (an idle one takes no CPU), each prompt asked of one and then the
+    # other: the host drifts (the same kernel 2x slower an hour later, bench README), so each
+    # ratio is of two replies a few seconds apart
+    llm = llama_cpp_model(file)
+    print(f"termchat and llama.cpp on {file.name}, prompt by prompt ...", file=sys.stderr, flush=True)
     engine = open_engine(config.get(short), progress=lambda line: print(line, file=sys.stderr), attach=False)
+    ours, theirs = [], []
     try:
         complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))
-        ours = [complete_sync(engine, [{"role": "user", "content": p.text}], Sampling(temperature=0.0, max_tokens=max_tokens)).stats.decode_tokens_per_s or 0.0 for p in prompts]
+        for p in prompts:
+            ours.append(complete_sync(engine, [{"role": "user", "content": p.text}], Sampling(temperature=0.0, max_tokens=max_tokens)).stats.decode_tokens_per_s or 0.0)
+            if llm is not None:
+                theirs.append(llama_cpp_speed(llm, p.text, max_tokens))
         rss = proc.rss_bytes(engine.pid)
     finally:
         engine.stop()
-    print(f"llama.cpp on {file.name} ...", file=sys.stderr, flush=True)
-    theirs = llama_cpp_speeds(prompts, max_tokens, file)
-    return {"file": file, "bytes": file.stat().st_size, "added_s": added_s, "written": written, "rss": rss, "termchat": ours, "llama.cpp": theirs}
+    return {"file": file, "bytes": file.stat().st_size, "added_s": added_s, "written": written, "rss": rss, "termchat": ours, "llama.cpp": theirs or None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,12 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = [user_file_row(name, chats, args.max_tokens) for name in files]
     if rows:
         print(f"\nuser-size files (random weights), plain decoding, T=0, {args.max_tokens} tokens, {len(chats)} chat prompts (median decode tok/s)\n")
-        print("| file | size | `models add` | written | termchat | llama.cpp | termchat / llama.cpp | engine memory | memory - file |")
+        print("| file | size | `models add` | written | termchat | llama.cpp | termchat / llama.cpp, prompt by prompt | engine memory | memory - file |")
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             ours = statistics.median(s for s in r["termchat"] if s) if any(r["termchat"]) else None
             theirs = statistics.median(s for s in r["llama.cpp"] if s) if r["llama.cpp"] and any(r["llama.cpp"]) else None
-            ratio = f"{ours / theirs:.2f}" if ours and theirs else "-"
+            pairs = [a / b for a, b in zip(r["termchat"], r["llama.cpp"] or []) if a and b]
+            ratio = f"{statistics.median(pairs):.2f} ({min(pairs):.2f}-{max(pairs):.2f})" if pairs else "-"
             print(f"| {r['file'].name} | {r['bytes'] / 1e9:.2f} GB | {r['added_s']:.1f} s | {r['written'] / 1e6:.1f} MB | {ours or 0:.1f} | {theirs or 0:.1f} | {ratio} | "
                   f"{r['rss'] / 1e9:.2f} GB | {(r['rss'] - r['bytes']) / 1e9:+.2f} GB |")
     return 0

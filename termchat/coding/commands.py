@@ -31,7 +31,7 @@ from pathlib import Path
 from termchat.coding import apply, project, project_tests
 from termchat.coding.apply import Change, UndoStack
 from termchat.coding.reply_code import CodeBlock
-from termchat.coding.shell import CommandRun
+from termchat.coding.shell import CommandRun, change_folder
 from termchat.errors import UserError
 from termchat.slash import apply_arguments, code_block
 
@@ -47,6 +47,14 @@ class CodingCommands:
         self.last_run: CommandRun | None = None
         self.last_failure: tuple[str, str] | None = None  # (test command, failure summary)
         self.applied: list[Path] = []  # the files the last /apply wrote (where a fix goes)
+
+    # ---- /cd, /undo ------------------------------------------------------------------------
+
+    async def do_cd(self, arg: str) -> None:
+        self.say(change_folder(arg))
+
+    async def do_undo(self, arg: str) -> None:
+        self.say(self.undo.undo())
 
     # ---- /apply ---------------------------------------------------------------------------
 

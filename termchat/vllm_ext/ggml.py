@@ -229,15 +229,21 @@ def register() -> bool:
                 raise ValueError(f"termchat_gguf serves {', '.join(ARCHITECTURES)} models, not {kind!r}")
             fd = gguf_file.open_regular(header.path)
             try:
-                _Loading(model, config, kind, header, fd).run()
+                loading = _Loading(model, config, kind, header, fd)
+                loading.run()
             finally:
                 os.close(fd)
+            import logging
+
+            kinds = ", ".join(f"{n} in {buft}" for buft, n in sorted(loading.buffers.items()))
+            logging.getLogger("vllm.termchat_plugin").info("termchat_gguf: %s: %d tensors served as their GGUF blocks (%s)", header.path.name, len(loading.used), kinds)
 
     class _Loading:
         def __init__(self, model, config, kind, header, fd):
             self.modules = dict(model.named_modules())
             self.config, self.kind, self.header, self.fd = config, kind, header, fd
             self.used: set[str] = set()
+            self.buffers: dict[str, int] = {}  # ggml buffer kind -> weights in it (the engine log says)
             self.ops = ops()
 
         def tensor(self, name: str) -> gguf_file.Tensor:
@@ -290,6 +296,8 @@ def register() -> bool:
             for i, (kind, shards) in enumerate(groups):
                 handle = self.ops.pack(shards, kind, parts[0][0].shape[0], extra)
                 layer.register_buffer(f"ggml_w{i}", handle, persistent=False)
+                buft = self.ops.buffer_name(handle)
+                self.buffers[buft] = self.buffers.get(buft, 0) + 1
             layer.ggml_groups = len(groups)
 
         def run(self) -> None:
