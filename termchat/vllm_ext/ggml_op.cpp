@@ -10,7 +10,9 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <atomic>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -79,15 +81,57 @@ Packed* lookup(const at::Tensor& handle) {
 }
 
 ggml_threadpool* threadpool(int threads) {
-  static ggml_threadpool* pool = nullptr;  // with OpenMP only state: the threads are OpenMP's
-  static int size = 0;
-  if (!pool || size != threads) {
-    if (pool) ggml_threadpool_free(pool);
+  static std::mutex mutex;
+  static std::unordered_map<int, ggml_threadpool*> pools;  // with OpenMP only state: the threads are OpenMP's
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& pool = pools[threads];
+  if (!pool) {
     ggml_threadpool_params params = ggml_threadpool_params_default(threads);
     pool = ggml_threadpool_new(&params);
-    size = threads;
   }
   return pool;
+}
+
+// A built ggml graph for one layer's product at one number of rows: decode and draft
+// verification repeat the same few shapes, so each call only points it at its input and
+// output (building and planning it every call cost about 2 us of a 9 us call)
+struct Plan {
+  std::vector<uint8_t> meta;
+  ggml_context* ctx = nullptr;
+  ggml_cgraph* graph = nullptr;
+  ggml_tensor* src = nullptr;
+  std::vector<ggml_tensor*> nodes;
+  std::vector<int64_t> cols;
+  std::vector<uint8_t> work;
+  ggml_cplan plan{};
+  ~Plan() { if (ctx) ggml_free(ctx); }
+};
+
+constexpr int64_t CACHED_ROWS = 64;        // prefill's longer shapes are built per call
+std::atomic<uint64_t> generation{0};       // a weight freed: every cached plan may point at it
+
+std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, int64_t n_total, int threads) {
+  auto plan = std::make_unique<Plan>();
+  plan->meta.resize(ggml_tensor_overhead() * (packed.size() + 2) + ggml_graph_overhead_custom(16, false));
+  ggml_init_params params{plan->meta.size(), plan->meta.data(), true};
+  plan->ctx = ggml_init(params);
+  const int64_t k = packed[0]->t->ne[0];
+  plan->src = ggml_new_tensor_2d(plan->ctx, GGML_TYPE_F32, k, m);
+  plan->graph = ggml_new_graph_custom(plan->ctx, 16, false);
+  int64_t col = 0;
+  for (auto* p : packed) {
+    ggml_tensor* node = ggml_mul_mat(plan->ctx, p->t, plan->src);
+    node->nb[1] = n_total * sizeof(float);  // its own columns of the output
+    node->nb[2] = node->nb[3] = node->nb[1] * m;
+    plan->nodes.push_back(node);
+    plan->cols.push_back(col);
+    col += p->t->ne[1];
+    ggml_build_forward_expand(plan->graph, node);
+  }
+  plan->plan = ggml_graph_plan(plan->graph, threads, threadpool(threads));
+  plan->work.resize(plan->plan.work_size);
+  plan->plan.work_data = plan->work.data();
+  return plan;
 }
 
 }  // namespace
@@ -139,6 +183,7 @@ at::Tensor pack(std::vector<at::Tensor> shards, int64_t type, int64_t k, bool ex
       std::lock_guard<std::mutex> lock(registry_mutex);
       registry.erase(p->t->data);
     }
+    generation++;
     ggml_backend_buffer_free(p->buf);
     ggml_free(p->ctx);
     delete p;
@@ -152,7 +197,7 @@ at::Tensor pack(std::vector<at::Tensor> shards, int64_t type, int64_t k, bool ex
 std::string buffer_name(const at::Tensor& handle) { return ggml_backend_buffer_name(lookup(handle)->buf); }
 
 // x [..., k] times each handle's weight, transposed, side by side: [..., sum of their rows]
-at::Tensor linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
+at::Tensor ggml_linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
   TORCH_CHECK(!weights.empty(), "termchat_ggml::linear: no weights");
   std::vector<Packed*> packed;
   int64_t n_total = 0;
@@ -162,39 +207,43 @@ at::Tensor linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
   }
   const int64_t k = packed[0]->t->ne[0];
   TORCH_CHECK(x.size(-1) == k, "termchat_ggml::linear: rows of ", x.size(-1), " values, the weight takes ", k);
-  at::Tensor rows = x.reshape({-1, k}).to(at::kFloat).contiguous();
-  const int64_t m = rows.size(0);
+  // the usual case, float32 rows in one piece, costs no torch op at all
+  const bool ready = x.scalar_type() == at::kFloat && x.is_contiguous();
+  at::Tensor rows = ready ? x : x.to(at::kFloat).contiguous();
+  const int64_t m = k ? rows.numel() / k : 0;
   auto shape = x.sizes().vec();
   shape.back() = n_total;
-  at::Tensor out = at::empty({m, n_total}, rows.options());
+  at::Tensor out = at::empty(shape, rows.options());
   if (m > 0) {
-    thread_local std::vector<uint8_t> meta, work;
-    const size_t need = ggml_tensor_overhead() * (weights.size() + 2) + ggml_graph_overhead_custom(16, false);
-    if (meta.size() < need) meta.resize(need);
-    ggml_init_params params{meta.size(), meta.data(), true};
-    ggml_context* ctx = ggml_init(params);
-    ggml_tensor* src = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, m);
-    src->data = rows.data_ptr();
-    ggml_cgraph* graph = ggml_new_graph_custom(ctx, 16, false);
-    int64_t col = 0;
-    for (auto* p : packed) {
-      ggml_tensor* node = ggml_mul_mat(ctx, p->t, src);
-      node->data = out.data_ptr<float>() + col;  // its own columns of the output
-      node->nb[1] = n_total * sizeof(float);
-      node->nb[2] = node->nb[3] = node->nb[1] * m;
-      col += p->t->ne[1];
-      ggml_build_forward_expand(graph, node);
-    }
     const int threads = std::max(1, at::get_num_threads());
-    ggml_cplan plan = ggml_graph_plan(graph, threads, threadpool(threads));
-    if (work.size() < plan.work_size) work.resize(plan.work_size);
-    plan.work_data = work.data();
-    const ggml_status status = ggml_graph_compute(graph, &plan);
-    ggml_free(ctx);
+    thread_local std::unordered_map<std::string, std::unique_ptr<Plan>> plans;
+    thread_local uint64_t seen = 0;
+    if (seen != generation.load()) {
+      plans.clear();
+      seen = generation.load();
+    }
+    std::unique_ptr<Plan> once;
+    Plan* plan;
+    if (m <= CACHED_ROWS) {
+      std::string key(reinterpret_cast<const char*>(packed.data()), packed.size() * sizeof(Packed*));
+      key.append(reinterpret_cast<const char*>(&m), sizeof m).append(reinterpret_cast<const char*>(&threads), sizeof threads);
+      auto& cached = plans[key];
+      if (!cached) cached = build_plan(packed, m, n_total, threads);
+      plan = cached.get();
+    } else {
+      once = build_plan(packed, m, n_total, threads);
+      plan = once.get();
+    }
+    plan->src->data = rows.data_ptr();
+    for (size_t i = 0; i < plan->nodes.size(); i++) plan->nodes[i]->data = out.data_ptr<float>() + plan->cols[i];
+    const ggml_status status = ggml_graph_compute(plan->graph, &plan->plan);
     TORCH_CHECK(status == GGML_STATUS_SUCCESS, "termchat_ggml::linear: ggml's compute failed (", (int)status, ")");
   }
-  return out.view(shape).to(x.scalar_type());
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
+
+// one weight (a layer of one type, the usual case): no list to box at every call
+at::Tensor ggml_linear1(const at::Tensor& x, const at::Tensor& weight) { return ggml_linear(x, std::vector<at::Tensor>{weight}); }
 
 // shapes for torch.compile: symbolic sizes, so the number of tokens stays dynamic
 // ggml's own way, for measuring: every product xs[i] @ weights[i].T as one graph, computed in
@@ -259,6 +308,12 @@ at::Tensor get_rows(const at::Tensor& raw, const at::Tensor& ids, int64_t type, 
   return out.view(shape);
 }
 
+at::Tensor linear1_meta(const at::Tensor& x, const at::Tensor& weight) {
+  auto shape = x.sym_sizes().vec();
+  shape.back() = weight.sym_size(0);
+  return at::empty_symint(shape, x.options());
+}
+
 at::Tensor get_rows_meta(const at::Tensor& raw, const at::Tensor& ids, int64_t type, int64_t k) {
   auto shape = ids.sym_sizes().vec();
   shape.push_back(c10::SymInt(k));
@@ -268,18 +323,21 @@ at::Tensor get_rows_meta(const at::Tensor& raw, const at::Tensor& ids, int64_t t
 TORCH_LIBRARY(termchat_ggml, m) {
   m.def("pack(Tensor[] shards, int type, int k, bool extra) -> Tensor");
   m.def("linear(Tensor x, Tensor[] weights) -> Tensor");
+  m.def("linear1(Tensor x, Tensor weight) -> Tensor");
   m.def("get_rows(Tensor raw, Tensor ids, int type, int k) -> Tensor");
   m.def("buffer_name(Tensor handle) -> str");
   m.def("graph(Tensor[] xs, Tensor[] weights) -> Tensor[]");
 }
 TORCH_LIBRARY_IMPL(termchat_ggml, CPU, m) {
   m.impl("pack", pack);
-  m.impl("linear", linear);
+  m.impl("linear", ggml_linear);
+  m.impl("linear1", ggml_linear1);
   m.impl("get_rows", get_rows);
   m.impl("buffer_name", buffer_name);
   m.impl("graph", graph);
 }
 TORCH_LIBRARY_IMPL(termchat_ggml, Meta, m) {
   m.impl("linear", linear_meta);
+  m.impl("linear1", linear1_meta);
   m.impl("get_rows", get_rows_meta);
 }
