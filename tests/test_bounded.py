@@ -338,3 +338,26 @@ def test_a_project_file_past_its_size_is_refused_in_one_line(tmp_path):
     (tmp_path / ".termchat.toml").write_text('test_command = "pytest"\n' + "# padding\n" * 20_000)
     with pytest.raises(UserError, match="over termchat's limit of 64 KiB"):
         project.test_command(tmp_path)
+
+
+def test_a_paste_the_terminal_did_not_mark_reaches_the_repl_as_one_paste():
+    """prompt_toolkit looks up key bindings for each key it is given (50,000
+    characters typed took 11.7 s): a run of printable characters that arrives
+    in one read becomes one paste; Enter and other control keys stay keys."""
+    from prompt_toolkit.key_binding.key_processor import KeyPress
+    from prompt_toolkit.keys import Keys
+
+    from termchat.repl import PasteInput
+
+    class Typed:
+        def __init__(self, keys):
+            self.keys = keys
+
+        def read_keys(self):
+            return self.keys
+
+    keys = [KeyPress(c, c) for c in "x" * 50_000] + [KeyPress(Keys.ControlM, "\r")] + [KeyPress(c, c) for c in "hi"]
+    got = PasteInput(Typed(keys)).read_keys()
+    assert [k.key for k in got] == [Keys.BracketedPaste, Keys.ControlM, "h", "i"] and got[0].data == "x" * 50_000
+    typing = [KeyPress(c, c) for c in "/help"]
+    assert PasteInput(Typed(typing)).read_keys() == typing  # a few keys: typing, as before
