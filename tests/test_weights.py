@@ -171,3 +171,30 @@ def test_ggml_comes_first_where_its_operator_is_built_and_the_model_has_a_gguf_f
         return
     assert weights.refusal("ggml", MODEL) is None and weights.choose(local(weights="auto"))[0] == "ggml"
     assert "names none" in weights.refusal("ggml", "meta-llama/Llama-3.1-8B-Instruct")  # a hub model has no GGUF file to serve
+
+
+def test_a_one_line_termchat_profile_gets_the_cpu_settings_and_a_kv_cache_sized_from_its_model(tmp_path, monkeypatch, prepared_model):
+    """vLLM's default takes 0.92 of the machine's memory for the KV cache (it
+    refused to start with 2 GB in use elsewhere); a termchat model's profile
+    runs with the built-ins' CPU engine and one context's worth of cache."""
+    from termchat import models
+    from termchat.engine.command import kv_cache_bytes
+    from termchat.profiles import cpu_build
+
+    if not cpu_build():
+        pytest.skip("the GPU build keeps vLLM's own defaults")
+    one = parse_config('[profiles.mine]\nmodel = "termchat:smollm2-135m-instruct"\n', "c.toml")[0].get("mine")
+    assert one.weights == "auto" and one.env["VLLM_CPU_ATTN_SPLIT_KV"] == "0" and one.engine_args["distributed_executor_backend"] == "uni"
+    assert one.system_prompt and one.text_frequency_penalty == 0.5 and one.code_temperature == 0.0
+    cmd = server_command(one)
+    kv = int(cmd[cmd.index("--kv-cache-memory-bytes") + 1])
+    # SmolLM2-135M: 30 layers x 3 KV heads x 64 x K and V x float32 = 46,080 bytes a token; 4,096 tokens and an eighth is under 256 MiB
+    assert kv == 256 << 20 and cmd[cmd.index("--max-model-len") + 1] == "4096" and "--gpu-memory-utilization" not in cmd
+    assert kv_cache_bytes(str(models.folder("termchat:smollm2-135m-instruct")), 16384) == (16384, 832 << 20)  # 46,080 x 16,384 x 9/8 = 810 MiB, up to 64 MiB steps
+    own = parse_config('[profiles.mine]\nmodel = "termchat:smollm2-135m-instruct"\nmax_model_len = 2048\ntemperature = 0.3\n'
+                       'engine_args = { kv_cache_memory_bytes = 1073741824 }\nenv = { X = "1" }\n', "c.toml")[0].get("mine")
+    cmd = server_command(own)
+    assert own.temperature == 0.3 and own.env["X"] == "1" and own.env["VLLM_CPU_ATTN_SPLIT_KV"] == "0"  # its keys win, key by key
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == "1073741824" and cmd[cmd.index("--max-model-len") + 1] == "2048"
+    hub = parse_config('[profiles.hub]\nmodel = "org/name"\n', "c.toml")[0].get("hub")
+    assert hub.weights is None and not hub.engine_args  # a hub model keeps vLLM's own defaults
