@@ -33,3 +33,10 @@ class ProgressLine:
         if self.tty:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
+
+
+def engine_start_line(every: float = 15.0):
+    """The progress callback the benches give open_engine: one line that
+    redraws on a terminal, one every `every` seconds in a log (not two a
+    second, as a print per call gave)."""
+    return ProgressLine(every=every).show

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 
 from termchat.bench.prompt_sets import builtin
 from termchat.bench import roofline
@@ -52,6 +51,7 @@ from termchat.engine import weights
 from termchat.engine.connect import open_engine
 from termchat.errors import UserError
 from termchat.profiles import WEIGHT_FORMATS, builtin_profiles, in_format
+from termchat.progress import engine_start_line
 
 GUARD_TOKENS = 64
 LOGPROB_LIMIT = 0.01  # relative
@@ -124,7 +124,7 @@ def more_loops_than_chance(variant: list[bool], reference: list[bool], alpha: fl
 def run_engine(profile, prompts: list[str], references: list[str] | None, loop_prompts: list[str]):
     """Greedy 64-token replies, 128-token replies (speed, loops, code), and the
     reference replies' log-probabilities under this engine."""
-    engine = open_engine(profile, progress=lambda line: print(line, file=sys.stderr), attach=False)
+    engine = open_engine(profile, progress=engine_start_line(), attach=False)
     try:
         complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))
         greedy = [complete_sync(engine, [{"role": "user", "content": p}], Sampling(temperature=0.0, max_tokens=GUARD_TOKENS)) for p in prompts]

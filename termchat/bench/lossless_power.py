@@ -31,13 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from termchat.engine import verify
+from termchat.progress import engine_start_line
 
 CONTROL = "correct sampler, simulated, against itself"
 DEFECTS = {
@@ -56,7 +56,7 @@ def collect_pool(seeds: int) -> list[dict]:
     from termchat.engine.connect import open_engine
     from termchat.profiles import builtin_profiles
 
-    engine = open_engine(builtin_profiles()["local"].without_speculation(), progress=lambda line: print(line, file=sys.stderr), attach=False)
+    engine = open_engine(builtin_profiles()["local"].without_speculation(), progress=engine_start_line(), attach=False)
     try:
         streams = engine.run(lambda: verify.sample(engine, verify.SAMPLED_PROMPTS, seeds, TEMPERATURE, TOP_P))
     finally:

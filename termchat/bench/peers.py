@@ -39,6 +39,7 @@ import time
 from collections import defaultdict
 
 from termchat.bench.prompt_sets import builtin
+from termchat.progress import engine_start_line
 
 
 def termchat_profile(spec: str):
@@ -54,7 +55,7 @@ def termchat_speeds(spec: str, prompts, max_tokens: int) -> list[float]:
     from termchat.engine.client import Sampling, complete_sync
     from termchat.engine.connect import open_engine
 
-    engine = open_engine(termchat_profile(spec), progress=lambda line: print(line, file=sys.stderr), attach=False)
+    engine = open_engine(termchat_profile(spec), progress=engine_start_line(), attach=False)
     try:
         complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))  # warm-up
         return [complete_sync(engine, [{"role": "user", "content": p.text}], Sampling(temperature=0.0, max_tokens=max_tokens)).stats.decode_tokens_per_s or 0.0 for p in prompts]
@@ -149,7 +150,7 @@ def user_file_row(name: str, prompts, max_tokens: int) -> dict:
     # ratio is of two replies a few seconds apart
     llm = llama_cpp_model(file)
     print(f"termchat and llama.cpp on {file.name}, prompt by prompt ...", file=sys.stderr, flush=True)
-    engine = open_engine(config.get(short), progress=lambda line: print(line, file=sys.stderr), attach=False)
+    engine = open_engine(config.get(short), progress=engine_start_line(), attach=False)
     ours, theirs = [], []
     try:
         complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))

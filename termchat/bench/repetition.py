@@ -44,6 +44,7 @@ from termchat.engine.client import Sampling, complete
 from termchat.engine.connect import open_engine
 from termchat.errors import UserError
 from termchat.profiles import WEIGHT_FORMATS, builtin_profiles, in_format
+from termchat.progress import engine_start_line
 
 SETTINGS = {
     "none": {},
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     results: dict[str, list[tuple]] = {}
     for label, profile in engines.items():
-        engine = open_engine(profile, progress=lambda line: print(line, file=sys.stderr), attach=False)
+        engine = open_engine(profile, progress=engine_start_line(), attach=False)
         try:
             for name, knobs in settings.items():
                 gate = asyncio.Semaphore(4)
