@@ -167,7 +167,7 @@ class ChatStream:
         if watch is not None:
             await watch.start()
         started = self.started = time.monotonic()
-        server_metrics = usage = finish = None
+        server_metrics = usage = finish = generation_ms = None
         done = False
         # a silent endpoint: first_token_timeout until the first token (long
         # enough for a cold large engine), then STALL_S between two lines
@@ -210,6 +210,8 @@ class ChatStream:
                     metrics = (chunk.get("metrics") or {}).get("speculative_decoding") or reported_drafts(chunk)
                     if metrics:
                         server_metrics = metrics
+                    if "generation_time_ms" in (chunk.get("metrics") or {}):  # vLLM's --enable-per-request-metrics
+                        generation_ms = chunk["metrics"]["generation_time_ms"]
                     for choice in chunk.get("choices") or []:
                         delta = (choice.get("delta") or {}).get("content") or ""
                         delta = delta if isinstance(delta, str) else ""
@@ -249,6 +251,7 @@ class ChatStream:
             usage,
             self.sampling.temperature,
             finish,
+            generation_ms,
         )
 
 

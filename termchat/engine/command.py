@@ -55,6 +55,11 @@ def server_command(profile: Profile, port: int | str = "PORT", resolve_model: bo
         # per-request acceptance figures in the last streamed chunk (vLLM refuses
         # the flag when speculation is off)
         cmd += ["--per-request-spec-decode-metrics", "summary"]
+    if not profile.engine_args.get("disable_log_stats"):
+        # the engine's own first-to-last-token time in the last streamed chunk: a client or API
+        # server that falls behind (a busy machine) gets steps late and merged, and its clock
+        # then measures the delivery, not the decode (stats.compute)
+        cmd.append("--enable-per-request-metrics")
     for key, value in profile.engine_args.items():
         cmd += flag(key, value)
     return cmd

@@ -19,7 +19,10 @@ llama-cpp-python, some proxies) still gets a TTFT and a token count, the
 count estimated from its chunks and marked as such (`~`).
 
 Decode tokens/s excludes prefill, as the article measures: output tokens after
-the first, over the time after the first token.
+the first, over the time after the first token. The engine's own clock where
+it sends it (vLLM's `generation_time_ms`, termchat starts its engines with
+`--enable-per-request-metrics`); else this client's, over the tokens that
+arrived after the first chunk.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from termchat import numbers
 from termchat.profiles.speculation import Speculation
 
 MAX_POSITIONS = 64  # no method proposes more drafts a step; more is not a figure to show
+MAX_DECODE_RATE = 1e5  # tokens/s: a server's decode time implying more is not believed
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class ReplyStats:
     finish_reason: str | None = None
     unknown: str = ""  # why the server's acceptance figures were not usable ("" : they were, or none came)
     tokens_estimated: bool = False  # output_tokens counted from text chunks (no token ids, no usage)
+    decode_source: str = "client"  # "server": decode_s is the engine's own first-to-last-token time
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -92,7 +97,7 @@ class ReplyStats:
                 figures[key] = [f for f in (numbers.fraction(v) for v in value[:MAX_POSITIONS]) if f is not None]
             elif key == "acceptance_histogram" and isinstance(value, list):
                 figures[key] = [c for c in (numbers.count(v) for v in value[: MAX_POSITIONS + 1]) if c is not None]
-            elif key in ("acceptance_source", "finish_reason", "unknown") and isinstance(value, str):
+            elif key in ("acceptance_source", "finish_reason", "unknown", "decode_source") and isinstance(value, str):
                 figures[key] = value[:200]
             elif key == "tokens_estimated" and isinstance(value, bool):
                 figures[key] = value
@@ -221,10 +226,13 @@ def compute(
     usage: dict | None = None,
     temperature: float | None = None,
     finish_reason: str | None = None,
+    generation_ms: object = None,
 ) -> ReplyStats:
     """The statistics of one reply.
 
-    k is the profile's num_speculative_tokens (None: no speculation)."""
+    k is the profile's num_speculative_tokens (None: no speculation).
+    generation_ms is the server's own first-to-last-token time (vLLM's
+    per-request `generation_time_ms`), as it came: checked here."""
     stats = ReplyStats(temperature=temperature, finish_reason=finish_reason)
     token_steps = [s for s in steps if s.token_ids]
     counted = sum(len(s.token_ids) for s in token_steps)
@@ -241,10 +249,26 @@ def compute(
     if timed:
         first, last = timed[0], timed[-1]
         stats.ttft_s = first.at - started
-        after_first = (counted if token_steps else stats.output_tokens) - 1
+        # only tokens that arrived after the first chunk were timed after it: a client (or API
+        # server) that falls behind gets several steps merged into one chunk, and a first chunk
+        # of 127 tokens must not count as decoded in the 10 ms before the last one arrived
+        after_first = sum(len(s.token_ids) for s in token_steps[1:]) if token_steps else stats.output_tokens - 1
         stats.decode_s = last.at - first.at
         if after_first > 0 and stats.decode_s > 0:
             stats.decode_tokens_per_s = after_first / stats.decode_s
+    served = numbers.real(generation_ms, 0.0, 86400e3)
+    waited = (timed[-1].at - started) if timed else 0.0  # the server cannot have decoded for longer
+    if (served is not None and 0 < served / 1000 <= waited + 1.0 and stats.output_tokens > 1 and not stats.tokens_estimated
+            and (stats.output_tokens - 1) / (served / 1000) <= MAX_DECODE_RATE):
+        # the engine's clock: right however late the chunks reached this client
+        stats.decode_s = served / 1000
+        stats.decode_tokens_per_s = (stats.output_tokens - 1) / stats.decode_s
+        stats.decode_source = "server"
+    # more tokens in one chunk than one step of this speculation gives: the stream merged steps,
+    # so step sizes say nothing about steps or acceptance
+    merged = k is not None and any(len(s.token_ids) > k + 1 for s in token_steps)
+    if merged:
+        stats.steps = 0
 
     if server_metrics:
         figures = checked_figures(server_metrics)
@@ -258,6 +282,8 @@ def compute(
             stats.spec_steps = figures["num_spec_steps"]
             stats.acceptance_histogram = figures["acceptance_histogram"]
             stats.acceptance_per_position = per_position_from_histogram(stats.acceptance_histogram) or figures["per_position"]
+    elif merged:
+        stats.unknown = f"the stream merged engine steps (a chunk of {max(len(s.token_ids) for s in token_steps)} tokens; one step gives at most {k + 1})"
     elif k and len(token_steps) > 1:
         # Derived: every decode step after the first (prefill) is taken to have
         # proposed k drafts. For draft-model methods that is exact; for ngram,
