@@ -91,6 +91,29 @@ def test_a_row_comes_out_the_same_alone_or_beside_others(written, op):
 
 
 @needs_operator
+def test_a_product_does_not_depend_on_the_thread_count(written, op):
+    """The engine steps on fewer threads beside a busy process
+    (vllm_ext/threads.py): each output is one thread's dot product, so the
+    bits are the same on one thread or two."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        for kind in ("Q4_1", "Q8_0", "Q4_K", "Q6_K"):
+            t, raw = blocks(written[kind][0], "blk.0.ffn_up.weight")
+            handle = op.pack([raw], t.type, t.shape[0], True)
+            for rows in (1, 17):
+                x = torch.randn(rows, t.shape[0], generator=torch.Generator().manual_seed(3))
+                torch.set_num_threads(1)
+                one = op.linear(x, [handle])
+                torch.set_num_threads(2)
+                two = op.linear(x, [handle])
+                assert torch.equal(one, two), (kind, rows, op.buffer_name(handle))
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_operator
 def test_shards_of_different_types_fill_their_own_columns(written, op):
     """Q4_K_M keeps attn_v in Q6_K beside q and k in Q4_K: one layer, two ggml tensors."""
     import torch

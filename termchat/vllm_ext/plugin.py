@@ -639,6 +639,14 @@ def register() -> None:
     except Exception as exc:  # never stop vLLM from starting: seeds then work as vLLM's do
         logger.warning("termchat: could not key seeded sampling by position (%s: %s)", type(exc).__name__, exc)
     try:
+        if os.environ.get("TERMCHAT_ADAPTIVE_THREADS", "1") != "0":
+            from termchat.vllm_ext import threads  # standard library and vLLM only
+
+            if threads.adapt_worker_threads():
+                logger.info("termchat: each step runs on the cores other processes leave free (threads.Governor)")
+    except Exception as exc:  # never stop vLLM from starting: the thread count stays fixed
+        logger.warning("termchat: could not adapt the worker's threads to the load (%s: %s)", type(exc).__name__, exc)
+    try:
         broken = defective_fallbacks()
     except Exception as exc:  # never stop vLLM from starting; say why nothing was checked
         logger.warning("termchat: could not self-check the CPU sampling kernels (%s: %s)", type(exc).__name__, exc)
