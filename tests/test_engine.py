@@ -40,6 +40,8 @@ def test_reply_streams_in_several_steps(shared_engine):
     assert stream.text == "".join(s.text for s in stream.steps) and stream.text.strip()
     assert stream.stats.output_tokens == sum(len(s.token_ids) for s in stream.steps)
     assert stream.stats.decode_tokens_per_s > 0 and stream.stats.ttft_s > 0
+    # the engine's own decode time (--enable-per-request-metrics), within what this client waited
+    assert stream.stats.decode_source == "server" and 0 < stream.stats.decode_s <= times[-1] - stream.started
 
 
 def test_a_reply_whose_log_probabilities_list_u2028_streams_whole(shared_engine):
@@ -169,6 +171,36 @@ def test_the_built_in_engine_forks_its_engine_core_and_corrects_sampling_there(s
     log = shared_engine.log_path.read_text(errors="replace")
     checked = [line for line in log.splitlines() if "termchat: replaced" in line or "could not self-check" in line]
     assert checked and all(re.match(r"\(EngineCore pid=\d+\)", line) for line in checked), checked
+
+
+def test_a_busy_process_changes_the_threads_not_the_reply(shared_engine):
+    """Beside busy processes the engine steps on the cores they leave free
+    (vllm_ext/threads.py: one thread on a 2-core machine, where two waited for
+    each other at every barrier and decoded at 0.6 tok/s). The reply is the
+    same token for token: each output is computed by one thread whatever the
+    count."""
+    import re
+    import time
+
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: there is no thread to give up")
+    messages = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}]
+    sampling = Sampling(temperature=0.0, max_tokens=48)
+    quiet = complete_sync(shared_engine, messages, sampling)
+    seen = len(shared_engine.log_path.read_text(errors="replace"))
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores - 1)]
+    try:
+        time.sleep(1.0)
+        loaded = complete_sync(shared_engine, messages, sampling)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    counts = [int(n) for n in re.findall(r"termchat: steps take (\d+) thread", shared_engine.log_path.read_text(errors="replace")[seen:])]
+    assert counts and min(counts) < cores, counts  # it gave cores up while the busy processes ran
+    assert [t for s in loaded.steps for t in s.token_ids] == [t for s in quiet.steps for t in s.token_ids]
+    assert loaded.text == quiet.text
 
 
 def test_a_start_that_compiles_says_so_and_one_that_loads_the_cache_does_not(tmp_path):
