@@ -1,0 +1,214 @@
+"""Where a plain decode step goes, component by component.
+
+    python -m termchat.bench.step [--profile local-plain] [--seconds 12] [--rate 200] [--max-tokens 256]
+
+Starts the profile's engine (plain: the profile's speculation is left out),
+measures its greedy decode unprofiled (the engine's own clock, three replies),
+then samples the engine core with py-spy (`--nonblocking`, so the engine is
+not paused; the optional extra `bench`) while it decodes the same kind of
+replies, and sorts every sample of the thread that runs the step into a
+budget: the forward pass by op kind (inside the compiled graph, by the op the
+generated line calls: ggml's matmuls, attention, the KV-cache update, norms,
+inductor's fused kernels), the output layer, input preparation, the
+scheduler, the sampler, output processing, and the rest. Shares are of the
+step thread's busy samples; "ms a step" is the share times the unprofiled
+step. The API server's and the engine core's CPU time over the window come
+from /proc. Every later cut to the step shows as a line of this table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import ClassVar
+
+from termchat.bench.peers import termchat_profile
+from termchat.progress import engine_start_line
+
+PROMPTS = [
+    "Write a Python function that merges two sorted lists, with a docstring and three pytest tests.",
+    "Explain how a hash map works and when to use one, in four paragraphs.",
+    "Write a shell script that backs up a folder to a dated tar.gz file and keeps the last seven.",
+]
+
+# (component, what in a sample's stack says so), first match wins, checked on the function names
+# of the stack (and, inside the compiled graph, on the op the generated line calls)
+GRAPH_OPS = [
+    ("forward: matmuls (ggml)", ("termchat_ggml", "int4mm", "mkldnn", "addmm", "linear")),
+    ("forward: attention", ("unified_attention",)),
+    ("forward: KV-cache update", ("kv_cache_update",)),
+    ("forward: norms", ("rms_norm",)),
+    ("forward: inductor's fused kernels", ("cpp_fused", "kernel_cpp")),
+]
+STAGES = [
+    ("output layer (compute_logits)", ("compute_logits",)),
+    ("sampler", ("sample_tokens", "_sample", "sampler")),
+    ("input preparation", ("_prepare_inputs", "_prepare_input", "_update_states", "_prepare")),
+    ("scheduler", ("schedule", "update_from_output")),
+    ("output processing", ("process_outputs", "_process_engine_step", "put_nowait", "send", "serialize", "encode")),
+]
+IDLE = ("_process_input_queue", "get", "wait", "poll", "select", "recv", "sleep")
+
+
+def _stack(line: str) -> tuple[list[tuple[str, str, int]], int]:
+    """py-spy's raw line: frames outermost first, as (function, file, line), and its count."""
+    stack, _, count = line.rstrip("\n").rpartition(" ")
+    frames = []
+    for frame in stack.split(";"):
+        name, _, where = frame.partition(" (")
+        file, _, number = where.rstrip(")").rpartition(":")
+        frames.append((name, file, int(number) if number.isdigit() else 0))
+    return frames, int(count) if count.isdigit() else 0
+
+
+class Lines:
+    """Source lines of the files the samples name (inductor's generated modules)."""
+
+    def __init__(self):
+        self.cache: dict[str, list[str]] = {}
+        self.unsorted: Counter = Counter()  # graph lines no GRAPH_OPS entry matched
+
+    ROOTS: ClassVar[list[Path]] = [Path.home() / ".cache" / "vllm", Path(tempfile.gettempdir())]
+
+    def get(self, file: str, number: int) -> str:
+        if file not in self.cache:
+            path = Path(file)
+            if not path.is_absolute():  # py-spy names a generated module by its file name: inductor keeps it under <cache>/XX/
+                path = next((p for root in self.ROOTS for p in root.glob(f"**/{file[1:3]}/{file}")), path)
+            try:
+                self.cache[file] = path.read_text(errors="replace").splitlines() if path.is_absolute() and path.is_file() else []
+            except OSError:
+                self.cache[file] = []
+        lines = self.cache[file]
+        return lines[number - 1] if 0 < number <= len(lines) else ""
+
+
+def classify(frames: list[tuple[str, str, int]], lines: Lines) -> str:
+    names = [f[0] for f in frames]
+    joined = " ".join(names)
+    if "execute_model" in joined or "_model_forward" in joined or "compute_logits" in joined or "sample_tokens" in joined:
+        for component, marks in STAGES[:3]:
+            if any(m in n for n in names for m in marks):
+                return component
+        if any(m in n for n in names for m in ("kv_cache_update", "reshape_and_cache")):
+            return "forward: KV-cache update"
+        if any(m in n for n in names for m in ("unified_attention", "cpu_attention", "AttentionBackendImpl.forward")):
+            return "forward: attention"
+        graph = [f for f in frames if f[0] == "Runner.call" or "torch_compile_cache" in f[1]]  # inductor's generated module
+        if graph:
+            called = lines.get(graph[-1][1], graph[-1][2])
+            for component, marks in GRAPH_OPS:
+                if any(m in called for m in marks):
+                    return component
+            lines.unsorted[called.strip()[:120] or f"{graph[-1][0]} ({graph[-1][1]}:{graph[-1][2]})"] += 1
+            return "forward: other graph ops"
+        if "forward" in joined:
+            return "forward: outside the graph"
+        return "model runner: other"
+    for component, marks in STAGES[3:]:
+        if any(m in n for n in names for m in marks):
+            return component
+    if frames and any(frames[-1][0].endswith(i) or frames[-1][0] == i for i in IDLE):
+        return "idle"
+    return "engine core: other"
+
+
+def _ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m termchat.bench.step", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="local-plain", help="a built-in profile, NAME or NAME:FORMAT (run plain)")
+    parser.add_argument("--seconds", type=float, default=12.0, help="how long py-spy samples")
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples a second")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--raw", type=Path, help="also keep py-spy's samples in this file")
+    args = parser.parse_args(argv)
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        print("py-spy is not installed here: pip install 'termchat[bench]'", file=sys.stderr)
+        return 2
+    from termchat.bench.command import machine_line
+    from termchat.engine.client import Sampling, complete_sync
+    from termchat.engine.connect import open_engine
+    from termchat.engine.proc import group_members
+
+    profile = dataclasses.replace(termchat_profile(args.profile), speculative=None)
+    engine = open_engine(profile, progress=engine_start_line(), attach=False)
+    try:
+        sampling = Sampling(temperature=0.0, max_tokens=args.max_tokens)
+        complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))
+        quiet = [complete_sync(engine, [{"role": "user", "content": p}], sampling).stats.decode_tokens_per_s or 0.0 for p in PROMPTS]
+        step_ms = 1000 / statistics.median(quiet)
+        core = next(p for p in group_members(engine.pid) if p != engine.pid)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "step.raw"
+            stop = threading.Event()
+            profiled: list[float] = []
+
+            def load() -> None:
+                i = 0
+                while not stop.is_set():
+                    stats = complete_sync(engine, [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], sampling).stats
+                    profiled.append(stats.decode_tokens_per_s or 0.0)
+                    i += 1
+
+            worker = threading.Thread(target=load, daemon=True)
+            worker.start()
+            time.sleep(1.0)
+            before = (_ticks(engine.pid), _ticks(core), time.monotonic())
+            subprocess.run([spy, "record", "--pid", str(core), "--rate", str(args.rate), "--duration", str(int(args.seconds)), "--nonblocking",
+                            "--threads", "--format", "raw", "--output", str(out)], check=True, capture_output=True)
+            after = (_ticks(engine.pid), _ticks(core), time.monotonic())
+            stop.set()
+            worker.join()
+            raw = out.read_text(errors="replace").splitlines()
+            if args.raw:
+                shutil.copyfile(out, args.raw)
+    finally:
+        engine.stop()
+    hz = os.sysconf("SC_CLK_TCK")
+    wall = after[2] - before[2]
+    by_thread: dict[str, Counter] = {}
+    lines = Lines()
+    for line in raw:
+        thread, _, rest = line.partition(";")  # py-spy --threads: "thread (TID): NAME" first
+        frames, count = _stack(rest)
+        if not frames or not count:
+            continue
+        by_thread.setdefault(thread, Counter())[classify(frames, lines)] += count
+    # the thread that runs the step: the one with the most forward-pass samples
+    step_thread = max(by_thread, key=lambda t: sum(n for c, n in by_thread[t].items() if c.startswith("forward")))
+    counts = by_thread[step_thread]
+    busy = sum(n for c, n in counts.items() if c != "idle")
+    print(machine_line(None))
+    print(f"profile {args.profile} (plain), greedy, {args.max_tokens} tokens: unprofiled decode {statistics.median(quiet):.1f} tok/s "
+          f"(engine clock, median of {len(quiet)}) = {step_ms:.2f} ms a step; under py-spy ({args.rate} Hz, nonblocking, {wall:.0f} s) "
+          f"{statistics.median(profiled) if profiled else 0:.1f} tok/s")
+    print(f"CPU over the window: engine core {(after[1] - before[1]) / hz / wall:.2f} cores, API server {(after[0] - before[0]) / hz / wall:.2f} cores; "
+          f"the step thread busy in {busy} of {sum(counts.values())} samples\n")
+    print("| component | share of the step thread's busy samples | ms of an unprofiled step |")
+    print("|---|---|---|")
+    for component, n in sorted(((c, n) for c, n in counts.items() if c != "idle"), key=lambda cn: -cn[1]):
+        print(f"| {component} | {n / busy:.1%} | {n / busy * step_ms:.2f} |")
+    if lines.unsorted:
+        print("\ngraph lines in \"other graph ops\" (samples of every thread):")
+        for text, n in lines.unsorted.most_common(8):
+            print(f"  {n:6d}  {text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

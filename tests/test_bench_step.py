@@ -1,0 +1,38 @@
+"""bench.step's budget: each sampled stack goes under the component it names
+(py-spy's raw lines as they come; no engine)."""
+
+from termchat.bench import step
+from termchat.bench.step import Lines, _stack, classify
+
+RUNNER = "execute_model (vllm/v1/worker/cpu_worker.py:90);CPUModelRunner.execute_model (vllm/v1/worker/gpu_model_runner.py:3000)"
+
+
+def classified(frames: str, lines: Lines | None = None) -> str:
+    parsed, count = _stack(frames + " 3")
+    assert count == 3
+    return classify(parsed, lines or Lines())
+
+
+def test_stages_and_ops_are_told_apart(tmp_path, monkeypatch):
+    generated = tmp_path / "ab" / "cabxyz.py"  # inductor keeps a module cabxyz.py under <cache>/ab/
+    generated.parent.mkdir()
+    generated.write_text("def call(args):\n    buf1 = torch.ops.termchat_ggml.linear1.default(buf0, arg3_1)\n    cpp_fused_add_0(buf1)\n    buf2 = empty_strided_cpu((s72, 576), (576, 1))\n")
+    monkeypatch.setattr(Lines, "ROOTS", [tmp_path])
+    lines = Lines()
+    graph = RUNNER + ";_model_forward (vllm/v1/worker/gpu_model_runner.py:2800);CompiledFxGraph.__call__ (torch/_inductor/output_code.py:763)"
+    assert classified(graph + ";Runner.call (cabxyz.py:2)", lines) == "forward: matmuls (ggml)"
+    assert classified(graph + ";Runner.call (cabxyz.py:3)", lines) == "forward: inductor's fused kernels"
+    assert classified(graph + ";Runner.call (cabxyz.py:4)", lines) == "forward: other graph ops"
+    assert lines.unsorted  # what no rule named is listed under the table
+    assert classified(graph + ";CPUAttentionBackendImpl.forward (vllm/v1/attention/backends/cpu_attn.py:440)") == "forward: attention"
+    assert classified(graph + ";CPUAttentionBackendImpl.do_kv_cache_update (vllm/v1/attention/backends/cpu_attn.py:477)") == "forward: KV-cache update"
+    assert classified(RUNNER + ";_prepare_inputs (vllm/v1/worker/gpu_model_runner.py:1500)") == "input preparation"
+    assert classified(RUNNER + ";LlamaForCausalLM.compute_logits (vllm/model_executor/models/llama.py:600)") == "output layer (compute_logits)"
+    assert classified("EngineCore.step (vllm/v1/engine/core.py:400);Scheduler.schedule (vllm/v1/core/sched/scheduler.py:300)") == "scheduler"
+    assert classified("EngineCoreProc.run_busy_loop (vllm/v1/engine/core.py:900);Queue.get (queue.py:171)") == "idle"
+
+
+def test_a_frame_with_an_odd_file_or_line_still_parses():
+    frames, count = _stack("f (x.py:notanumber);g (weird (name).py:12) 7")
+    assert count == 7 and frames[0] == ("f", "x.py", 0) and frames[1][2] == 12
+    assert step.classify(frames, Lines()) == "engine core: other"
