@@ -121,15 +121,14 @@ def llama_cpp_speeds(prompts, max_tokens: int, file=None) -> list[float] | None:
     return None if llm is None else [llama_cpp_speed(llm, p.text, max_tokens) for p in prompts]
 
 
-def user_file_row(name: str, prompts, max_tokens: int) -> dict:
-    """One user-size file: added, served by termchat plain, and by llama.cpp, in this run."""
+def added_profile(name: str):
+    """A user-size file (bench/user_files.py) added with `models add` into a
+    models folder of the bench's own, and its one-line profile: (profile,
+    file, seconds `models add` took, bytes it wrote)."""
     import os
 
     from termchat import paths
     from termchat.bench import user_files
-    from termchat.engine import proc
-    from termchat.engine.client import Sampling, complete_sync
-    from termchat.engine.connect import open_engine
     from termchat.models import gguf_import
     from termchat.profiles import parse_config
 
@@ -145,12 +144,22 @@ def user_file_row(name: str, prompts, max_tokens: int) -> dict:
     added_s = time.monotonic() - started
     written = sum(f.stat().st_size for f in target.iterdir())
     config, _ = parse_config(f'[profiles."{short}"]\nmodel = "termchat:{short}"\n', "one-line profile")
+    return config.get(short), file, added_s, written
+
+
+def user_file_row(name: str, prompts, max_tokens: int) -> dict:
+    """One user-size file: added, served by termchat plain, and by llama.cpp, in this run."""
+    from termchat.engine import proc
+    from termchat.engine.client import Sampling, complete_sync
+    from termchat.engine.connect import open_engine
+
+    profile, file, added_s, written = added_profile(name)
     # both loaded side by side (an idle one takes no CPU), each prompt asked of one and then the
     # other: the host drifts (the same kernel 2x slower an hour later, bench README), so each
     # ratio is of two replies a few seconds apart
     llm = llama_cpp_model(file)
     print(f"termchat and llama.cpp on {file.name}, prompt by prompt ...", file=sys.stderr, flush=True)
-    engine = open_engine(config.get(short), progress=engine_start_line(), attach=False)
+    engine = open_engine(profile, progress=engine_start_line(), attach=False)
     ours, theirs = [], []
     try:
         complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))

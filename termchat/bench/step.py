@@ -1,6 +1,6 @@
 """Where a plain decode step goes, component by component.
 
-    python -m termchat.bench.step [--profile local-plain] [--seconds 12] [--rate 200] [--max-tokens 256]
+    python -m termchat.bench.step [--profile local-plain | --file 1.7b] [--seconds 12] [--rate 200] [--max-tokens 256]
 
 Starts the profile's engine (plain: the profile's speculation is left out),
 measures its greedy decode unprofiled (the engine's own clock, three replies),
@@ -135,17 +135,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples a second")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--raw", type=Path, help="also keep py-spy's samples in this file")
+    parser.add_argument("--file", help="a user-size file instead (1.7b or 7b, bench/user_files.py), added and served from a one-line profile")
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         print("py-spy is not installed here: pip install 'termchat[bench]'", file=sys.stderr)
         return 2
+    from termchat.bench import user_files
     from termchat.bench.command import machine_line
+    from termchat.bench.peers import added_profile
     from termchat.engine.client import Sampling, complete_sync
     from termchat.engine.connect import open_engine
     from termchat.engine.proc import group_members
 
-    profile = dataclasses.replace(termchat_profile(args.profile), speculative=None)
+    if args.file and args.file not in user_files.SHAPES:
+        parser.error(f"--file takes {', '.join(user_files.SHAPES)}")
+    base = added_profile(args.file)[0] if args.file else termchat_profile(args.profile)
+    label = f"{args.file}.gguf (one-line profile)" if args.file else args.profile
+    profile = dataclasses.replace(base, speculative=None)
     engine = open_engine(profile, progress=engine_start_line(), attach=False)
     try:
         sampling = Sampling(temperature=0.0, max_tokens=args.max_tokens)
@@ -194,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = by_thread[step_thread]
     busy = sum(n for c, n in counts.items() if c != "idle")
     print(machine_line(None))
-    print(f"profile {args.profile} (plain), greedy, {args.max_tokens} tokens: unprofiled decode {statistics.median(quiet):.1f} tok/s "
+    print(f"{label} (plain), greedy, {args.max_tokens} tokens: unprofiled decode {statistics.median(quiet):.1f} tok/s "
           f"(engine clock, median of {len(quiet)}) = {step_ms:.2f} ms a step; under py-spy ({args.rate} Hz, nonblocking, {wall:.0f} s) "
           f"{statistics.median(profiled) if profiled else 0:.1f} tok/s")
     print(f"CPU over the window: engine core {(after[1] - before[1]) / hz / wall:.2f} cores, API server {(after[0] - before[0]) / hz / wall:.2f} cores; "
