@@ -29,7 +29,12 @@ import sys
 import time
 from contextlib import contextmanager
 
-from termchat.bench.peers import llama_cpp_model, llama_cpp_speed, termchat_profile
+from termchat.bench.peers import (
+    llama_cpp_model,
+    llama_cpp_speed,
+    profile_specs,
+    termchat_profile,
+)
 from termchat.bench.prompt_sets import builtin
 from termchat.progress import engine_start_line
 
@@ -116,12 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--busy takes whole numbers, comma-separated")
     if not levels or min(levels) < 0 or max(levels) > 2 * (os.cpu_count() or 1):
         parser.error(f"--busy takes 0 to {2 * (os.cpu_count() or 1)} processes")
-    from termchat.profiles import WEIGHT_FORMATS, builtin_profiles
-
-    names = [n.strip() for n in args.profiles.split(",") if n.strip()]
-    unknown = [n for n in names if n.partition(":")[0] not in builtin_profiles() or (n.partition(":")[2] or "float32") not in WEIGHT_FORMATS]
-    if unknown or not names:
-        parser.error(f"unknown profile(s) {', '.join(unknown)}; built-in: {', '.join(builtin_profiles())}")
+    names = profile_specs(parser, args.profiles)
     rows: dict[str, list[float | None] | None] = {}
     for name in names:
         print(f"termchat {name} ...", file=sys.stderr, flush=True)

@@ -51,6 +51,18 @@ def termchat_profile(spec: str):
     return in_format(profile, weights) if weights else profile
 
 
+def profile_specs(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """A bench's comma-separated NAME or NAME:FORMAT list, each a built-in
+    profile and a known weight format; else the parser's one-line error."""
+    from termchat.profiles import WEIGHT_FORMATS, builtin_profiles
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n.partition(":")[0] not in builtin_profiles() or (n.partition(":")[2] or "float32") not in WEIGHT_FORMATS]
+    if unknown or not names:
+        parser.error(f"unknown profile(s) {', '.join(unknown) or repr(text)}; built-in: {', '.join(builtin_profiles())}; formats: {', '.join(WEIGHT_FORMATS)}")
+    return names
+
+
 def termchat_speeds(spec: str, prompts, max_tokens: int) -> list[float]:
     from termchat.engine.client import Sampling, complete_sync
     from termchat.engine.connect import open_engine
@@ -187,12 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     files = [f.strip() for f in args.files.split(",") if f.strip()]
     if [f for f in files if f not in user_files.SHAPES]:
         parser.error(f"--files takes {', '.join(user_files.SHAPES)}")
-    from termchat.profiles import WEIGHT_FORMATS, builtin_profiles
-
-    names = [n.strip() for n in args.profiles.split(",") if n.strip()]
-    unknown = [n for n in names if n.partition(":")[0] not in builtin_profiles() or (n.partition(":")[2] or "float32") not in WEIGHT_FORMATS]
-    if unknown:
-        parser.error(f"unknown profile(s) {', '.join(unknown)}; built-in: {', '.join(builtin_profiles())}; formats: {', '.join(WEIGHT_FORMATS)}")
+    names = profile_specs(parser, args.profiles)
     seen: dict[str, int] = defaultdict(int)
     prompts = []
     for p in builtin():

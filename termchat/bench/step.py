@@ -32,7 +32,8 @@ from collections import Counter
 from pathlib import Path
 from typing import ClassVar
 
-from termchat.bench.peers import termchat_profile
+from termchat.bench.peers import profile_specs, termchat_profile
+from termchat.engine import proc
 from termchat.progress import engine_start_line
 
 PROMPTS = [
@@ -124,8 +125,8 @@ def classify(frames: list[tuple[str, str, int]], lines: Lines) -> str:
 
 
 def _ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])
+    fields = proc.stat_fields(pid)
+    return int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,11 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     from termchat.bench.peers import added_profile
     from termchat.engine.client import Sampling, complete_sync
     from termchat.engine.connect import open_engine
-    from termchat.engine.proc import group_members
 
     if args.file and args.file not in user_files.SHAPES:
         parser.error(f"--file takes {', '.join(user_files.SHAPES)}")
-    base = added_profile(args.file)[0] if args.file else termchat_profile(args.profile)
+    base = added_profile(args.file)[0] if args.file else termchat_profile(profile_specs(parser, args.profile)[0])
     label = f"{args.file}.gguf (one-line profile)" if args.file else args.profile
     profile = dataclasses.replace(base, speculative=None)
     engine = open_engine(profile, progress=engine_start_line(), attach=False)
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))
         quiet = [complete_sync(engine, [{"role": "user", "content": p}], sampling).stats.decode_tokens_per_s or 0.0 for p in PROMPTS]
         step_ms = 1000 / statistics.median(quiet)
-        core = next(p for p in group_members(engine.pid) if p != engine.pid)
+        core = next(p for p in proc.group_members(engine.pid) if p != engine.pid)
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "step.raw"
             stop = threading.Event()

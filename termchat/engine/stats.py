@@ -266,7 +266,8 @@ def compute(
         stats.decode_source = "server"
     # more tokens in one chunk than one step of this speculation gives: the stream merged steps,
     # so step sizes say nothing about steps or acceptance
-    merged = k is not None and any(len(s.token_ids) > k + 1 for s in token_steps)
+    largest = max((len(s.token_ids) for s in token_steps), default=0)
+    merged = k is not None and largest > k + 1
     if merged:
         stats.steps = 0
 
@@ -283,7 +284,7 @@ def compute(
             stats.acceptance_histogram = figures["acceptance_histogram"]
             stats.acceptance_per_position = per_position_from_histogram(stats.acceptance_histogram) or figures["per_position"]
     elif merged:
-        stats.unknown = f"the stream merged engine steps (a chunk of {max(len(s.token_ids) for s in token_steps)} tokens; one step gives at most {k + 1})"
+        stats.unknown = f"the stream merged engine steps (a chunk of {largest} tokens; one step gives at most {k + 1})"
     elif k and len(token_steps) > 1:
         # Derived: every decode step after the first (prefill) is taken to have
         # proposed k drafts. For draft-model methods that is exact; for ngram,

@@ -119,12 +119,10 @@ def adapt_worker_threads() -> bool:
 
     set_threads = torch._C.set_num_threads  # vLLM replaces torch.set_num_threads with a no-op after binding
     original = cpu_worker.CPUWorker.execute_model
-    governors: dict[int, Governor] = {}
-
     def execute_model(self, scheduler_output, *args, **kwargs):
-        governor = governors.get(id(self))
+        governor = getattr(self, "_termchat_governor", None)
         if governor is None:
-            governor = governors[id(self)] = Governor(torch.get_num_threads())
+            governor = self._termchat_governor = Governor(torch.get_num_threads())
         wanted = governor.threads()
         if wanted != torch.get_num_threads():
             logger.info("termchat: steps take %d thread(s); other processes used %.2f cores", wanted, governor.others or 0.0)
