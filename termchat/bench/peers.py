@@ -1,6 +1,6 @@
 """termchat beside what a user would run instead, same prompts, same run.
 
-    python -m termchat.bench.peers [--per-category 4] [--max-tokens 128] [--profiles local,local-plain,local-plain:int4]
+    python -m termchat.bench.peers [--per-category 4] [--max-tokens 128] [--profiles local,local-plain,local-plain:int4] [--categories edit]
 
 On the built-in bench prompts (the first N of each category), greedy (T=0),
 one after the other on this machine (one engine at a time):
@@ -39,6 +39,7 @@ import time
 from collections import defaultdict
 
 from termchat.bench.prompt_sets import builtin
+from termchat.errors import UserError
 from termchat.progress import engine_start_line
 
 
@@ -188,6 +189,7 @@ def user_file_row(name: str, prompts, max_tokens: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m termchat.bench.peers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-category", type=int, default=4)
+    parser.add_argument("--categories", default="", help="built-in categories, comma-separated (default: the five of Spec-Bench; `edit` is asked for by name)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--profiles", default="local,local-plain", help="built-in profiles, comma-separated; NAME:FORMAT for another weight format (int4, bfloat16, ...)")
     parser.add_argument("--files", default="", help="user-size files too, comma-separated, of: 1.7b, 7b (bench/user_files.py)")
@@ -200,9 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     if [f for f in files if f not in user_files.SHAPES]:
         parser.error(f"--files takes {', '.join(user_files.SHAPES)}")
     names = profile_specs(parser, args.profiles)
+    try:
+        chosen = builtin([c.strip() for c in args.categories.split(",") if c.strip()] or None)
+    except UserError as exc:
+        parser.error(str(exc))
     seen: dict[str, int] = defaultdict(int)
     prompts = []
-    for p in builtin():
+    for p in chosen:
         seen[p.category] += 1
         if seen[p.category] <= args.per_category:
             prompts.append(p)

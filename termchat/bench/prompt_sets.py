@@ -1,4 +1,8 @@
-"""Prompt sets: the five built-in categories, or a Spec-Bench JSONL file.
+"""Prompt sets: the built-in categories, or a Spec-Bench JSONL file.
+
+The five of Spec-Bench's kinds are the default; `edit` (pasted code of 30-40
+lines with a small change asked for and the whole code back: the reply
+mostly copies the prompt) is asked for by name.
 
 Spec-Bench format: one JSON object per line with `question_id`, `category`
 and `turns` (a list whose first item is the prompt).
@@ -14,6 +18,7 @@ from pathlib import Path
 from termchat.errors import UserError
 
 CATEGORIES = ("code", "summarization", "extraction", "chat", "creative")
+OPT_IN = ("edit",)  # built in, run only when named
 
 
 @dataclass(frozen=True)
@@ -45,9 +50,9 @@ def parse_jsonl(text: str, source: str) -> list[BenchPrompt]:
 
 def builtin(categories: list[str] | None = None) -> list[BenchPrompt]:
     wanted = categories or list(CATEGORIES)
-    unknown = [c for c in wanted if c not in CATEGORIES]
+    unknown = [c for c in wanted if c not in CATEGORIES + OPT_IN]
     if unknown:
-        raise UserError(f"unknown categories {', '.join(unknown)}; built-in: {', '.join(CATEGORIES)}")
+        raise UserError(f"unknown categories {', '.join(unknown)}; built-in: {', '.join(CATEGORIES + OPT_IN)}")
     folder = resources.files("termchat.bench") / "prompts"
     prompts = []
     for category in wanted:
