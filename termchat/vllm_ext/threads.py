@@ -13,10 +13,8 @@ two, against 88-90 quiet (`python -m termchat.bench.load`; bench README,
 So before each step the worker asks `Governor.threads()`: every quarter of a
 second it reads how much CPU time the machine's other processes took
 (/proc/stat over the CPUs this process may run on, less /proc/self/stat),
-and the step runs on the cores they leave free, at least one. A window
-that spans an idle engine (between replies, when a client starting up may
-take a core for a second) is not read: it only begins the next one. Where
-the line lies comes from `python -m termchat.bench.barriers` (a decode-like step of
+and the step runs on the cores they leave free, at least one. Where the line
+lies comes from `python -m termchat.bench.barriers` (a decode-like step of
 batch-1 matmuls beside a process busy part of the time): two threads win
 beside a process busy half the time (28.8 ms against 34.9), lose beside one
 busy three quarters of it (65.4 against 35.4); so a core is given up when
@@ -38,7 +36,6 @@ import time
 WINDOW_S = 0.25  # how often the load is read; a step is 5-80 ms
 DROP_AT = 0.6  # cores others use: above this a thread gives its core up ...
 RISE_AT = 0.35  # ... and below this it takes it back (a client streaming and the API server use 0.05-0.2)
-STALE_S = 1.0  # a window this long spans an idle engine: what ran then says nothing of the next steps
 
 
 def _cpu_busy_ticks(cpus: set[int], stat: str) -> int | None:
@@ -97,7 +94,7 @@ class Governor:
         sample = self._read()
         if sample is None:
             return self.current
-        if self._last is not None and now - self._last[0] < STALE_S:
+        if self._last is not None:
             elapsed = now - self._last[0]
             others = ((sample[0] - self._last[1]) - (sample[1] - self._last[2])) / (elapsed * self._hz)
             self.others = max(0.0, others)
