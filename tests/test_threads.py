@@ -76,6 +76,17 @@ def test_readings_within_a_window_do_not_resample_and_a_failed_reading_keeps_the
     assert g.threads() == 1
 
 
+def test_a_slow_step_is_read():
+    """Beside a busy process two threads took 1.6 s a step (0.6 tok/s). A
+    rule that skipped long windows as an idle engine's (tried: between
+    replies `termchat ask`'s start-up took a core for a second) never read
+    them, and the engine stayed there; every window is read."""
+    m, g = governor()
+    g.threads()
+    m.run(1.6, others=1.0, ours=1.0)
+    assert g.threads() == 1
+
+
 def test_proc_text_is_read_as_data():
     stat = "cpu  10 0 10 100 0 0 0 0 0 0\ncpu0 4 1 2 50 9 1 1 1 0 0\ncpu1 6 0 8 50 0 0 0 0 0 0\nintr 1 2\n"
     assert threads._cpu_busy_ticks({0, 1}, stat) == (4 + 1 + 2 + 1 + 1 + 1) + (6 + 8)
