@@ -4,25 +4,15 @@ Replies are appended through Textual's MarkdownStream (`Markdown.get_stream`),
 which parses only the tail of the document: the cost per step stays flat as
 the reply grows, where re-rendering the whole message per token grows with
 it (measured: ~2,100 vs ~5 chunks/s, NOTES-vllm-cpu.md).
-
-The stream is paced (`PacedStream`): a long code fence is highlighted and
-drawn whole at every update, so at one update per engine step the view took
-0.8 of a core at 80 tok/s, taken from the cores the engine decodes on (a
-reply in the TUI decoded at 0.45-0.6x of `termchat ask`). An update now
-waits until the last one's parsing and drawing were at most VIEW_SHARE of a
-core (bench README, "The chat view").
 """
 
 from __future__ import annotations
-
-import asyncio
-import time
 
 from textual.containers import Vertical
 from textual.content import Content
 from textual.highlight import HighlightTheme, highlight
 from textual.widgets import Markdown, Static
-from textual.widgets.markdown import MarkdownFence, MarkdownStream
+from textual.widgets.markdown import MarkdownFence
 
 from termchat.engine.stats import ReplyStats, Step
 from termchat.coding.reply_code import CodeBlock, code_blocks
@@ -45,45 +35,6 @@ class ThemedFence(MarkdownFence):
 
 class ChatMarkdown(Markdown):
     BLOCKS = {**Markdown.BLOCKS, "fence": ThemedFence, "code_block": ThemedFence}
-
-
-VIEW_SHARE = 0.15  # of one core, for the streamed reply's parsing, highlighting and drawing
-UPDATE_EVERY_S = (0.05, 1.0)  # at most 20 updates a second, at least one
-
-
-class PacedStream(MarkdownStream):
-    """Textual's MarkdownStream, updating the widget at a pace the CPU allows.
-
-    Each update is timed on the event loop's thread (`time.thread_time`) from
-    the append until the screen has drawn it; the next one waits until that
-    cost is at most VIEW_SHARE of the time since the update began. Fragments
-    written meanwhile are appended together; stop() appends what is left."""
-
-    async def _drawn(self) -> None:
-        drawn = asyncio.Event()
-        if self.markdown_widget.call_after_refresh(drawn.set):
-            try:
-                await asyncio.wait_for(drawn.wait(), UPDATE_EVERY_S[1])
-            except asyncio.TimeoutError:
-                pass
-
-    async def _run(self) -> None:
-        try:
-            while await self._new_markup.wait():
-                began, cpu = time.monotonic(), time.thread_time()
-                new_markdown = "".join(self._pending)
-                self._pending.clear()
-                self._new_markup.clear()
-                await asyncio.shield(self.markdown_widget.append(new_markdown))
-                await self._drawn()
-                low, high = UPDATE_EVERY_S
-                pause = min(high, max(low, (time.thread_time() - cpu) / VIEW_SHARE))
-                await asyncio.sleep(pause - (time.monotonic() - began))
-        except asyncio.CancelledError:
-            pass
-        new_markdown = "".join(self._pending)
-        if new_markdown:
-            await self.markdown_widget.append(new_markdown)
 
 
 PROMPT_SHOWN = 16_000  # characters of a sent prompt shown on screen
@@ -135,8 +86,7 @@ class MessageView(Vertical):
         if not self.is_attached:
             return
         if self._stream is None:
-            self._stream = PacedStream(self.body)
-            self._stream.start()
+            self._stream = Markdown.get_stream(self.body)
         await self._stream.write(self._clean.feed(step.text))
 
     async def finish(self, stats: ReplyStats | None, note: str = "", note_class: str = "") -> None:
