@@ -107,7 +107,7 @@ def cmd_bench(args) -> int:
     config = load_config(args.config)
     names = [n.strip() for n in (args.profile or config.default_profile).split(",") if n.strip()]
     profiles = [config.get(name) for name in names]
-    categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    categories = prompt_sets.named(args.categories)
     prompts = prompt_sets.from_file(args.prompts, categories) if args.prompts else prompt_sets.builtin(categories)
     if args.limit:
         kept, seen = [], {}

@@ -38,7 +38,7 @@ import sys
 import time
 from collections import defaultdict
 
-from termchat.bench.prompt_sets import builtin
+from termchat.bench.prompt_sets import builtin, named
 from termchat.errors import UserError
 from termchat.progress import engine_start_line
 
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--files takes {', '.join(user_files.SHAPES)}")
     names = profile_specs(parser, args.profiles)
     try:
-        chosen = builtin([c.strip() for c in args.categories.split(",") if c.strip()] or None)
+        chosen = builtin(named(args.categories))
     except UserError as exc:
         parser.error(str(exc))
     seen: dict[str, int] = defaultdict(int)

@@ -48,6 +48,11 @@ def parse_jsonl(text: str, source: str) -> list[BenchPrompt]:
     return prompts
 
 
+def named(text: str | None) -> list[str] | None:
+    """A `--categories` value (comma-separated) as a list; None for every default one."""
+    return [c.strip() for c in text.split(",")] if text else None
+
+
 def builtin(categories: list[str] | None = None) -> list[BenchPrompt]:
     wanted = categories or list(CATEGORIES)
     unknown = [c for c in wanted if c not in CATEGORIES + OPT_IN]
