@@ -20,10 +20,18 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m termchat.bench.cold_ops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--mb", default="0,0.5,1,2,4,16", help="MB streamed before each call")
+    parser.add_argument("--mb", default="0,0.5,1,2,4,16", help="MB streamed before each call, comma-separated, 0 to 4096")
     args = parser.parse_args(argv)
+    if args.calls < 1:
+        parser.error("--calls takes a whole number of at least 1")
+    try:
+        sizes = [float(x) for x in args.mb.split(",")]
+    except ValueError:
+        parser.error(f"--mb takes numbers separated by commas, not {args.mb!r}")
+    if not all(0 <= mb <= 4096 for mb in sizes):
+        parser.error("--mb takes sizes from 0 to 4096 MB")
 
     import torch
     import vllm._custom_ops as ops
@@ -58,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"us a call, mean of {args.calls}; before each call N MB streamed through the caches")
     print(f"| MB streamed | threads | KV-cache write (vLLM's op) | view and chunk (no kernel) |\n|---|---|---|---|")
     all_threads = torch.get_num_threads()
-    for mb in (float(x) for x in args.mb.split(",")):
+    for mb in sizes:
         streamed = torch.randn(int(mb * 2**20 / 4)) if mb > 0 else None
         for threads in sorted({1, all_threads}):
             torch.set_num_threads(threads)
