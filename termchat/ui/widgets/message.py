@@ -1,13 +1,25 @@
 """One message in the conversation: header, streamed Markdown body, footer.
 
-Replies are appended through Textual's MarkdownStream (`Markdown.get_stream`),
-which parses only the tail of the document: the cost per step stays flat as
-the reply grows, where re-rendering the whole message per token grows with
-it (measured: ~2,100 vs ~5 chunks/s, NOTES-vllm-cpu.md).
+Replies are appended with Textual's `Markdown.append`, which parses only the
+tail of the document: the cost per step stays flat as the reply grows, where
+re-rendering the whole message per token grows with it (measured: ~2,100 vs
+~5 chunks/s, NOTES-vllm-cpu.md).
+
+The appends are paced (`Pacer`): a long code fence is highlighted and drawn
+whole at every update, so at one update per engine step the view took 0.8 of
+a core at 80 tok/s, from the cores the engine decodes on (a reply in the TUI
+decoded at 0.45-0.6x of `termchat ask`). An update waits until the last
+one's parsing and drawing cost at most VIEW_SHARE of a core (bench README,
+"The chat view").
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+
+from textual.css.query import NoMatches
 from textual.containers import Vertical
 from textual.content import Content
 from textual.highlight import HighlightTheme, highlight
@@ -37,6 +49,74 @@ class ChatMarkdown(Markdown):
     BLOCKS = {**Markdown.BLOCKS, "fence": ThemedFence, "code_block": ThemedFence}
 
 
+VIEW_SHARE = 0.15  # of one core, for the streamed reply's parsing, highlighting and drawing
+UPDATE_EVERY_S = (0.05, 1.0)  # at most 20 updates a second, at least one
+
+
+class Pacer:
+    """A reply's text, shown at a pace the CPU allows.
+
+    `write` holds fragments back and starts a run (through `start`, the
+    view's worker) when none is going. A run shows what has gathered, waits
+    until the screen has drawn it, then waits until that update's cost on
+    the event loop's thread (`time.thread_time`) is at most VIEW_SHARE of the
+    time since it began; it ends when nothing more came meanwhile, so an idle
+    reply has nothing running. `close` waits for a run that has begun to end,
+    then shows what is left itself. Nothing is shown after close; fragments
+    keep their order."""
+
+    def __init__(self, show: Callable[[str], Awaitable[None]], drawn: Callable[[], Awaitable[None]], start: Callable[[Coroutine], object]):
+        self._show, self._drawn, self._start = show, drawn, start
+        self._pending: list[str] = []
+        self._closing = False
+        self._wake = asyncio.Event()  # set by close: a run's pause ends at once
+        self._run_done: asyncio.Event | None = None  # the run going, if any
+        self._run_began = False
+        self.updates = 0
+
+    def write(self, fragment: str) -> None:
+        if not fragment or self._closing:
+            return
+        self._pending.append(fragment)
+        if self._run_done is None:
+            self._run_done, self._run_began = asyncio.Event(), False
+            self._start(self._run(self._run_done))
+
+    async def _flush(self) -> None:
+        text = "".join(self._pending)
+        self._pending.clear()
+        if text:
+            self.updates += 1
+            await self._show(text)
+
+    async def _run(self, done: asyncio.Event) -> None:
+        self._run_began = True
+        try:
+            while self._pending and not self._closing:
+                began, cpu = time.monotonic(), time.thread_time()
+                await self._flush()
+                await self._drawn()
+                low, high = UPDATE_EVERY_S
+                pause = min(high, max(low, (time.thread_time() - cpu) / VIEW_SHARE)) - (time.monotonic() - began)
+                if pause > 0 and not self._closing:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), pause)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:  # also when cancelled (the view removed mid-reply)
+            if self._run_done is done:
+                self._run_done = None
+            done.set()
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        done = self._run_done
+        if done is not None and self._run_began:  # a run that never began never will show anything
+            await done.wait()
+        await self._flush()
+
+
 PROMPT_SHOWN = 16_000  # characters of a sent prompt shown on screen
 
 
@@ -61,7 +141,7 @@ class MessageView(Vertical):
         self.message_id: int | None = None  # the stored message, when there is one
         self.prompt_view: MessageView | None = None  # a reply's prompt, on screen above it
         self._header = header
-        self._stream = None
+        self._pacer: Pacer | None = None
         self._clean = Sanitizer()  # one per reply: live view == replay, whatever the chunks
 
     def compose(self):
@@ -80,28 +160,41 @@ class MessageView(Vertical):
         return self.query_one(ChatMarkdown)
 
     async def append(self, step: Step) -> None:
-        """Add one engine step to the reply (through the Markdown stream)."""
+        """Add one engine step to the reply (shown at the Pacer's pace)."""
         self.steps.append(step)
         self.text += step.text
         if not self.is_attached:
             return
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.body)
-        await self._stream.write(self._clean.feed(step.text))
+        if self._pacer is None:
+            # its runs are the view's workers: Textual cancels them if the view is removed mid-reply
+            self._pacer = Pacer(self._show, self._drawn, lambda run: self.run_worker(run, name="reply view", group="view"))
+        self._pacer.write(self._clean.feed(step.text))
+
+    async def _show(self, text: str) -> None:
+        if not self.is_attached:  # removed meanwhile: nothing to show it on
+            return
+        try:
+            body = self.body
+        except NoMatches:
+            return
+        await body.append(text)
+
+    async def _drawn(self) -> None:
+        drawn = asyncio.Event()
+        if self.is_attached and self.call_after_refresh(drawn.set):
+            try:
+                await asyncio.wait_for(drawn.wait(), UPDATE_EVERY_S[1])
+            except asyncio.TimeoutError:
+                pass
 
     async def finish(self, stats: ReplyStats | None, note: str = "", note_class: str = "") -> None:
-        """Close the stream and show the statistics (or why the reply ended early)."""
+        """Show the rest of the reply and its statistics (or why it ended early)."""
         self.stats = stats
+        pacer, self._pacer = self._pacer, None
+        if pacer is not None:
+            await pacer.close()
         if not self.is_attached:  # removed from the screen: nothing to show
-            self._stream = None
             return
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
-            # stop() can return while a shielded append is still mounting
-            # blocks; the widget's lock is released when the last one is done
-            async with self.body.lock:
-                pass
         footer = self.query_one(".footer", Static)
         parts = [inert(note)] if note else []
         if stats is not None:
