@@ -145,3 +145,25 @@ async def test_a_looping_reply_is_stopped_stored_as_cut_and_ctrl_r_asks_with_a_s
     first, second = standin.requests
     assert first["frequency_penalty"] == 0.5 and "repetition_penalty" not in first
     assert second["repetition_penalty"] == 1.2 and second["frequency_penalty"] == 0.5
+
+
+def test_the_stronger_guard_goes_to_the_next_prompt_of_the_looping_conversation_only(tmp_path, monkeypatch):
+    # found by hand: after a loop, Ctrl+N and a new prompt still got repetition_penalty 1.2
+    from termchat.chat.loops import STRONGER
+    from termchat.chat.store import Store
+
+    monkeypatch.setenv("TERMCHAT_HOME", str(tmp_path))
+    config, _ = parse_config("", "c.toml")
+    session = ChatSession(config, builtin_profiles()["local"], Store())
+    prompt = "Write a Python function that reverses a string."
+    session.after_loop()
+    assert set(STRONGER) <= set(session.prepare(prompt)[1].guard)  # the regeneration gets it
+    assert not set(STRONGER) & set(session.prepare(prompt)[1].guard)  # once
+    session.after_loop()
+    session.new_conversation()
+    assert not set(STRONGER) & set(session.prepare(prompt)[1].guard)
+    session.begin_reply(prompt, session.prepare(prompt)[1])
+    stored = session.conversation_id
+    session.after_loop()
+    session.load(stored)
+    assert not set(STRONGER) & set(session.prepare(prompt)[1].guard)

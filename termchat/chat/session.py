@@ -128,6 +128,7 @@ class ChatSession:
     def new_conversation(self) -> None:
         self.conversation = Conversation(auto_temperature=self.conversation.auto_temperature)
         self.recorder = None
+        self.stronger_guard = False  # it was for the looping reply's conversation
 
     def load(self, conversation_id: int) -> list[Message]:
         """Continue a stored conversation; its messages, to show."""
@@ -137,6 +138,7 @@ class ChatSession:
         for m in messages:
             self.conversation.add(m.role, m.content, m.id)
         self.recorder = Recorder(self.store, conversation_id)
+        self.stronger_guard = False
         return messages
 
     def prompt_to_edit(self, arg: str) -> dict:
