@@ -35,3 +35,20 @@ def test_short_real_run_compares_profiles_on_one_baseline_and_remembers_the_spee
     assert data["machine"]["cores"] >= 1
     assert "speed-up" in out and "local-plain" in out and "| category |" in markdown.read_text()
     assert set(results.remembered("local")) == {"code", "chat"} and results.step_cost("local") > 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--nice", "0,x"], "--nice takes whole numbers"),
+    (["--nice", "20"], "--nice takes distinct values from 0 to 19"),
+    (["--nice", "5,5"], "--nice takes distinct values"),
+    (["--prompts", "0"], "--prompts takes 1 to 20"),
+    (["--category", "chat"], "invalid choice"),
+])
+def test_bench_tui_refuses_bad_arguments_in_one_line(args, words, capsys):
+    from termchat.bench import tui
+
+    with pytest.raises(SystemExit) as raised:
+        tui.main(args)
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
