@@ -45,6 +45,7 @@ class Conversation:
     auto_temperature: bool = True
     forced_temperature: float | None = None  # `/temp X`, for the next message only
     attachments: list[str] = field(default_factory=list)  # `/file` blocks for the next message
+    stronger_guard: bool = False  # the next message after a looping reply gets chat/loops.STRONGER
 
     def add(self, role: str, content: str, message_id: int | None = None) -> None:
         self.messages.append({"role": role, "content": content, "id": message_id})

@@ -50,7 +50,6 @@ class ChatSession:
         self.conversation = Conversation()
         self.recorder: Recorder | None = None  # None: the next prompt starts a stored conversation
         self.knobs: dict = {}  # `/set KEY VALUE`: sampling values over any profile's, for this session
-        self.stronger_guard = False  # the next prompt after a looping reply (chat/loops.py)
         topic_probe.warm_in_background()  # the code detector's model part, ready by the first prompt
 
     def open_store(self) -> str | None:
@@ -78,16 +77,16 @@ class ChatSession:
         """The prompt as it is sent (with attachments) and its temperature."""
         text = self.conversation.with_attachments(valid(text)[0])
         choice = self.conversation.choose_temperature(text, self.profile)
-        if self.stronger_guard:  # the reply before looped: this one (a regeneration, say) gets more
-            self.stronger_guard = False
+        if self.conversation.stronger_guard:  # the reply before looped: this one (a regeneration, say) gets more
+            self.conversation.stronger_guard = False
             choice = replace(choice, guard=(*choice.guard, *STRONGER))
         if any(key in self.knobs for key, _ in choice.guard):  # `/set` wins over the guard
             choice = replace(choice, guard=tuple((k, v) for k, v in choice.guard if k not in self.knobs))
         return text, choice
 
     def after_loop(self) -> None:
-        """A reply was stopped for repeating itself: the next prompt gets the stronger guard."""
-        self.stronger_guard = True
+        """A reply was stopped for repeating itself: the next prompt of this conversation gets the stronger guard."""
+        self.conversation.stronger_guard = True
 
     # ---- what the shared slash commands do ---------------------------------------------
 
@@ -128,7 +127,6 @@ class ChatSession:
     def new_conversation(self) -> None:
         self.conversation = Conversation(auto_temperature=self.conversation.auto_temperature)
         self.recorder = None
-        self.stronger_guard = False  # it was for the looping reply's conversation
 
     def load(self, conversation_id: int) -> list[Message]:
         """Continue a stored conversation; its messages, to show."""
@@ -138,7 +136,6 @@ class ChatSession:
         for m in messages:
             self.conversation.add(m.role, m.content, m.id)
         self.recorder = Recorder(self.store, conversation_id)
-        self.stronger_guard = False
         return messages
 
     def prompt_to_edit(self, arg: str) -> dict:
