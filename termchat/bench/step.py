@@ -124,11 +124,6 @@ def classify(frames: list[tuple[str, str, int]], lines: Lines) -> str:
     return "engine core: other"
 
 
-def _ticks(pid: int) -> int:
-    fields = proc.stat_fields(pid)
-    return int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m termchat.bench.step", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="local-plain", help="a built-in profile, NAME or NAME:FORMAT (run plain)")
@@ -175,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             worker = threading.Thread(target=load, daemon=True)
             worker.start()
             time.sleep(1.0)
-            before = (_ticks(engine.pid), _ticks(core), time.monotonic())
+            before = (proc.cpu_ticks(engine.pid), proc.cpu_ticks(core), time.monotonic())
             subprocess.run([spy, "record", "--pid", str(core), "--rate", str(args.rate), "--duration", str(int(args.seconds)), "--nonblocking",
                             "--threads", "--format", "raw", "--output", str(out)], check=True, capture_output=True)
-            after = (_ticks(engine.pid), _ticks(core), time.monotonic())
+            after = (proc.cpu_ticks(engine.pid), proc.cpu_ticks(core), time.monotonic())
             stop.set()
             worker.join()
             raw = out.read_text(errors="replace").splitlines()

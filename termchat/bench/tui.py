@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -42,11 +43,6 @@ READY = re.compile(r"│ ready │")
 REPLY_S = 180.0  # the longest a reply may take before the bench gives up on it
 
 
-def _ticks(pid: int) -> int:
-    fields = proc.stat_fields(pid)
-    return int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
-
-
 class Tui:
     """The real TUI in a tmux session of its own."""
 
@@ -54,7 +50,7 @@ class Tui:
         self.name = name
         wrapped = ["nice", "-n", str(nice), *cmd] if nice else cmd
         extra = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
-        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "120", "-y", "40", *extra, "exec " + " ".join(map(_quote, wrapped))], check=True)
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "120", "-y", "40", *extra, "exec " + shlex.join(wrapped)], check=True)
         self.pid = int(subprocess.run(["tmux", "display", "-p", "-t", name, "#{pane_pid}"], capture_output=True, text=True, check=True).stdout)
         self.wait(lambda s: READY.search(s), "the TUI to be ready", 300)
 
@@ -77,20 +73,16 @@ class Tui:
         """(tok/s off the reply's footer, tokens, cores the TUI used over the reply)."""
         self.keys("C-n")
         self.wait(lambda s: not FOOTER.search(s) and READY.search(s), "a new conversation", 30)
-        before, began = _ticks(self.pid), time.monotonic()
+        before, began = proc.cpu_ticks(self.pid), time.monotonic()
         self.keys(prompt, literal=True)
         self.keys("Enter")
         screen = self.wait(lambda s: FOOTER.search(s) and READY.search(s), "the reply's end", REPLY_S)
-        cores = (_ticks(self.pid) - before) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - began)
+        cores = (proc.cpu_ticks(self.pid) - before) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - began)
         tokens, rate = FOOTER.findall(screen)[-1]
         return float(rate), int(tokens), cores
 
     def close(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
-
-
-def _quote(arg: str) -> str:
-    return "'" + arg.replace("'", "'\\''") + "'"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,15 +79,15 @@ def rss_bytes(pgid: int) -> int:
     return total
 
 
+def cpu_ticks(pid: int) -> int:
+    """User + system clock ticks of one process so far; 0 when it is gone."""
+    fields = stat_fields(pid)
+    return int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
+
+
 def cpu_seconds(pgid: int) -> float:
     """User + system CPU time of a process group so far (to show an idle engine uses none)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in group_members(pgid):
-        fields = stat_fields(pid)
-        if len(fields) > 12:
-            total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+    return sum(cpu_ticks(pid) for pid in group_members(pgid)) / os.sysconf("SC_CLK_TCK")
 
 
 def meminfo(key: str) -> int:
