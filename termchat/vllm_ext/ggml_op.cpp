@@ -94,7 +94,10 @@ ggml_threadpool* threadpool(int threads) {
 
 // A built ggml graph for one layer's product at one number of rows: decode and draft
 // verification repeat the same few shapes, so each call only points it at its input and
-// output (building and planning it every call cost about 2 us of a 9 us call)
+// output (building and planning it every call cost about 2 us of a 9 us call). A cached
+// plan owns no scratch: its quantized activation rows go in the calling thread's one
+// buffer, since a plan of its own for each of up to 64 row counts of every layer grew a 7B
+// engine by 40-50 MB with each prompt of a new length (bench README)
 struct Plan {
   std::vector<uint8_t> meta;
   ggml_context* ctx = nullptr;
@@ -110,7 +113,7 @@ struct Plan {
 constexpr int64_t CACHED_ROWS = 64;        // prefill's longer shapes are built per call
 std::atomic<uint64_t> generation{0};       // a weight freed: every cached plan may point at it
 
-std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, int64_t n_total, int threads) {
+std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, int64_t n_total, int threads, bool own_work) {
   auto plan = std::make_unique<Plan>();
   plan->meta.resize(ggml_tensor_overhead() * (packed.size() + 2) + ggml_graph_overhead_custom(16, false));
   ggml_init_params params{plan->meta.size(), plan->meta.data(), true};
@@ -129,8 +132,10 @@ std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, 
     ggml_build_forward_expand(plan->graph, node);
   }
   plan->plan = ggml_graph_plan(plan->graph, threads, threadpool(threads));
-  plan->work.resize(plan->plan.work_size);
-  plan->plan.work_data = plan->work.data();
+  if (own_work) {
+    plan->work.resize(plan->plan.work_size);
+    plan->plan.work_data = plan->work.data();
+  }
   return plan;
 }
 
@@ -218,6 +223,7 @@ at::Tensor ggml_linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
     const int threads = std::max(1, at::get_num_threads());
     thread_local std::unordered_map<std::string, std::unique_ptr<Plan>> plans;
     thread_local uint64_t seen = 0;
+    thread_local std::vector<uint8_t> scratch;  // every cached plan's work data: one call at a time per thread
     if (seen != generation.load()) {
       plans.clear();
       seen = generation.load();
@@ -228,10 +234,12 @@ at::Tensor ggml_linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
       std::string key(reinterpret_cast<const char*>(packed.data()), packed.size() * sizeof(Packed*));
       key.append(reinterpret_cast<const char*>(&m), sizeof m).append(reinterpret_cast<const char*>(&threads), sizeof threads);
       auto& cached = plans[key];
-      if (!cached) cached = build_plan(packed, m, n_total, threads);
+      if (!cached) cached = build_plan(packed, m, n_total, threads, false);
       plan = cached.get();
+      if (scratch.size() < plan->plan.work_size) scratch.resize(plan->plan.work_size);
+      plan->plan.work_data = scratch.data();
     } else {
-      once = build_plan(packed, m, n_total, threads);
+      once = build_plan(packed, m, n_total, threads, true);
       plan = once.get();
     }
     plan->src->data = rows.data_ptr();
