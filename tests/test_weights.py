@@ -188,9 +188,14 @@ def test_a_one_line_termchat_profile_gets_the_cpu_settings_and_a_kv_cache_sized_
     assert one.system_prompt and one.text_frequency_penalty == 0.5 and one.code_temperature == 0.0
     cmd = server_command(one)
     kv = int(cmd[cmd.index("--kv-cache-memory-bytes") + 1])
-    # SmolLM2-135M: 30 layers x 3 KV heads x 64 x K and V x float32 = 46,080 bytes a token; 4,096 tokens and an eighth is under 256 MiB
+    # SmolLM2-135M: 30 layers x 3 KV heads x 64 x K and V x float32 = 46,080 bytes a token; 33 blocks of 128 tokens are under 256 MiB
     assert kv == 256 << 20 and cmd[cmd.index("--max-model-len") + 1] == "4096" and "--gpu-memory-utilization" not in cmd
-    assert kv_cache_bytes(str(models.folder("termchat:smollm2-135m-instruct")), 16384) == (16384, 832 << 20)  # 46,080 x 16,384 x 9/8 = 810 MiB, up to 64 MiB steps
+    folder = str(models.folder("termchat:smollm2-135m-instruct"))
+    # 16,384 tokens are 128 blocks of 128, and the block vLLM's pool holds back: 46,080 x 128 x 129 = 726 MiB, up to 64 MiB steps
+    assert kv_cache_bytes(folder, 16384) == (16384, 768 << 20)
+    assert kv_cache_bytes(folder, 16384, dtype="bfloat16") == (16384, 384 << 20)  # 16-bit values: half
+    assert kv_cache_bytes(folder, 16384, drafts=(folder,)) == (16384, 1472 << 20)  # a draft's layers take their share
+    assert kv_cache_bytes(folder, 16384, block_size=16) == (16384, 768 << 20)  # 1,025 blocks of 16: 721 MiB
     own = parse_config('[profiles.mine]\nmodel = "termchat:smollm2-135m-instruct"\nmax_model_len = 2048\ntemperature = 0.3\n'
                        'engine_args = { kv_cache_memory_bytes = 1073741824 }\nenv = { X = "1" }\n', "c.toml")[0].get("mine")
     cmd = server_command(own)
