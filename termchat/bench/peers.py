@@ -19,7 +19,9 @@ Q4_K_M one, random weights): each is added with `termchat models add` into a
 models folder of the bench's own and served from a one-line profile
 (`model = "termchat:NAME"`: the built-ins' CPU settings, the GGUF's own
 blocks on ggml), plain, beside llama.cpp on the same file; with the time and
-bytes `models add` took and the engine's resident memory after its replies.
+bytes `models add` took and the engine's resident memory after its replies:
+each process's RSS summed, and the group's PSS, which counts the pages the
+engine core shares with the server it was forked from once.
 
 llama.cpp runs with n_batch=1 (its build here crashes in batched prefill:
 GCC 12 miscompiles ggml's AMX tile configuration at -O3, see
@@ -180,10 +182,10 @@ def user_file_row(name: str, prompts, max_tokens: int) -> dict:
             ours.append(complete_sync(engine, [{"role": "user", "content": p.text}], Sampling(temperature=0.0, max_tokens=max_tokens)).stats.decode_tokens_per_s or 0.0)
             if llm is not None:
                 theirs.append(llama_cpp_speed(llm, p.text, max_tokens))
-        rss = proc.rss_bytes(engine.pid)
+        rss, pss = proc.rss_bytes(engine.pid), proc.pss_bytes(engine.pid)
     finally:
         engine.stop()
-    return {"file": file, "bytes": file.stat().st_size, "added_s": added_s, "written": written, "rss": rss, "termchat": ours, "llama.cpp": theirs or None}
+    return {"file": file, "bytes": file.stat().st_size, "added_s": added_s, "written": written, "rss": rss, "pss": pss, "termchat": ours, "llama.cpp": theirs or None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [user_file_row(name, chats, args.max_tokens) for name in files]
     if rows:
         print(f"\nuser-size files (random weights), plain decoding, T=0, {args.max_tokens} tokens, {len(chats)} chat prompts (median decode tok/s)\n")
-        print("| file | size | `models add` | written | termchat | llama.cpp | termchat / llama.cpp, prompt by prompt | engine memory | memory - file |")
+        print("| file | size | `models add` | written | termchat | llama.cpp | termchat / llama.cpp, prompt by prompt | engine memory (RSS summed / PSS) | memory - file (RSS / PSS) |")
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             ours = statistics.median(s for s in r["termchat"] if s) if any(r["termchat"]) else None
@@ -262,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             pairs = [a / b for a, b in zip(r["termchat"], r["llama.cpp"] or []) if a and b]
             ratio = f"{statistics.median(pairs):.2f} ({min(pairs):.2f}-{max(pairs):.2f})" if pairs else "-"
             print(f"| {r['file'].name} | {r['bytes'] / 1e9:.2f} GB | {r['added_s']:.1f} s | {r['written'] / 1e6:.1f} MB | {ours or 0:.1f} | {theirs or 0:.1f} | {ratio} | "
-                  f"{r['rss'] / 1e9:.2f} GB | {(r['rss'] - r['bytes']) / 1e9:+.2f} GB |")
+                  f"{r['rss'] / 1e9:.2f} / {r['pss'] / 1e9:.2f} GB | {(r['rss'] - r['bytes']) / 1e9:+.2f} / {(r['pss'] - r['bytes']) / 1e9:+.2f} GB |")
     return 0
 
 

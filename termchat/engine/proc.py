@@ -66,17 +66,31 @@ def children(parent: int) -> set[int]:
     return found
 
 
-def rss_bytes(pgid: int) -> int:
-    """Resident memory of a process group (the engine and any helper it started)."""
+def _group_sum(pgid: int, file: str, key: str) -> int:
+    """One kB field of /proc/PID/<file>, summed over a process group, in bytes."""
     total = 0
     for pid in group_members(pgid):
         try:
-            for line in (PROC / str(pid) / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+            for line in (PROC / str(pid) / file).read_text().splitlines():
+                if line.startswith(key):
                     total += int(line.split()[1]) * 1024
+                    break
         except (OSError, ValueError, IndexError):
             pass
     return total
+
+
+def rss_bytes(pgid: int) -> int:
+    """Resident memory of a process group (the engine and any helper it started),
+    each process's own figure summed: pages the processes share (an engine core
+    forked from its server shares its imports) count once per process."""
+    return _group_sum(pgid, "status", "VmRSS:")
+
+
+def pss_bytes(pgid: int) -> int:
+    """A process group's resident memory with each shared page counted once
+    (the kernel's proportional set size, split among the sharers)."""
+    return _group_sum(pgid, "smaps_rollup", "Pss:")
 
 
 def cpu_ticks(pid: int) -> int:
