@@ -68,10 +68,7 @@ def for_profile(profile) -> Roofline | None:
         weights = models.bytes_per_token(models.weight_counts(folder), str(dtype), profile.engine_args.get("quantization"))
     if weights is None:  # a quantization whose bytes termchat does not know: no roofline, not a wrong one
         return None
-    heads = config.get("num_key_value_heads") or config.get("num_attention_heads", 0)
-    head_dim = config.get("head_dim") or config.get("hidden_size", 0) // max(1, config.get("num_attention_heads", 1))
-    kv = 2 * config.get("num_hidden_layers", 0) * heads * head_dim * size  # K and V, every layer
-    return Roofline(int(weights), kv)
+    return Roofline(int(weights), models.kv_bytes_per_token(config, size))
 
 
 def report(profile, samples, bandwidth: float) -> str | None:

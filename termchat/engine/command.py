@@ -41,9 +41,8 @@ def server_command(profile: Profile, port: int | str = "PORT", resolve_model: bo
     if resolve_model and profile.engine_args.get("kv_cache_memory_bytes") == "auto":
         spec = profile.speculative
         drafts = (models.resolve(spec.model),) if spec and spec.model and spec.model.startswith("termchat:") else ()
-        block = profile.engine_args.get("block_size")
         context, kv = kv_cache_bytes(model, profile.max_model_len, dtype=profile.dtype, drafts=drafts,
-                                     block_size=block if isinstance(block, int) and not isinstance(block, bool) and block > 0 else CPU_BLOCK)
+                                     block_size=models.positive(profile.engine_args.get("block_size"), CPU_BLOCK))
         profile = replace(profile, max_model_len=context, engine_args={**profile.engine_args, "kv_cache_memory_bytes": kv})
     cmd = [sys.executable, "-m", SERVER_MODULE, "--model", model, "--served-model-name", profile.model]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
@@ -74,15 +73,6 @@ KV_STEP = 64 << 20
 CPU_BLOCK = 128  # tokens per KV block of vLLM's CPU attention (platforms/cpu.py), unless engine_args set block_size
 
 
-def kv_bytes_per_token(folder: str, value_bytes: int = 4) -> int:
-    """K and V of every layer for one token, from the model folder's config (0 if unreadable)."""
-    config = models.read_config(Path(folder)) or {}
-    number = lambda key, default=0: config.get(key) if isinstance(config.get(key), int) and not isinstance(config.get(key), bool) and config.get(key) > 0 else default  # noqa: E731
-    heads = number("num_attention_heads", 1)
-    head_dim = number("head_dim", number("hidden_size") // heads)
-    return 2 * number("num_hidden_layers") * number("num_key_value_heads", heads) * head_dim * value_bytes
-
-
 def kv_cache_bytes(folder: str, max_model_len: int | None, *, dtype: str | None = None, block_size: int = CPU_BLOCK,
                    drafts: tuple[str, ...] = ()) -> tuple[int, int]:
     """`kv_cache_memory_bytes = "auto"`: (the context, its KV cache bytes):
@@ -94,12 +84,10 @@ def kv_cache_bytes(folder: str, max_model_len: int | None, *, dtype: str | None 
     size (float32 unless the profile runs 16-bit), rounded up to 64 MiB, at
     least 256 MiB. A 1.7B model at 4,096 tokens: 1.56 GiB; a 7B (8 KV heads):
     1.06 GiB; the default model: 256 MiB."""
-    value_bytes = 2 if dtype in ("bfloat16", "float16", "half") else 4
-    per_token = sum(kv_bytes_per_token(f, value_bytes) for f in (folder, *drafts))
-    config = models.read_config(Path(folder)) or {}
-    own = config.get("max_position_embeddings")
-    own = own if isinstance(own, int) and not isinstance(own, bool) and own > 0 else 4096
-    tokens = max_model_len or min(own, 4096)
+    value_bytes = models.DTYPE_BYTES.get(str(dtype), 4)
+    configs = [models.read_config(Path(f)) or {} for f in (folder, *drafts)]
+    per_token = sum(models.kv_bytes_per_token(c, value_bytes) for c in configs)
+    tokens = max_model_len or min(models.positive(configs[0].get("max_position_embeddings"), 4096), 4096)
     blocks = -(-tokens // block_size) + 1
     need = -(-(per_token * block_size * blocks) // KV_STEP) * KV_STEP
     return tokens, max(KV_MIN, need)

@@ -332,6 +332,19 @@ def bytes_per_token(counts: tuple[int, int, int], dtype: str = "float32", quanti
     return (layers + output) * DTYPE_BYTES.get(str(dtype), 4)
 
 
+def positive(value: object, default: int) -> int:
+    """A whole number above 0 from a config (True is not 1), else the default."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def kv_bytes_per_token(config: dict, value_bytes: int = 4) -> int:
+    """KV-cache bytes one token of context takes, K and V of every layer, from a
+    model's config.json (0 where it says too little)."""
+    heads = positive(config.get("num_attention_heads"), 1)
+    head_dim = positive(config.get("head_dim"), positive(config.get("hidden_size"), 0) // heads)
+    return 2 * positive(config.get("num_hidden_layers"), 0) * positive(config.get("num_key_value_heads"), heads) * head_dim * value_bytes
+
+
 def gguf_file_of(folder: Path) -> Path | None:
     """The GGUF file a model folder is served from (`weights = "ggml"`), or None."""
     try:
