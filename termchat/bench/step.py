@@ -46,7 +46,7 @@ PROMPTS = [
 # of the stack (and, inside the compiled graph, on the op the generated line calls)
 GRAPH_OPS = [
     ("forward: matmuls (ggml)", ("termchat_ggml", "int4mm", "mkldnn", "addmm", "linear")),
-    ("forward: attention", ("unified_attention",)),
+    ("forward: attention", ("unified_attention", "termchat_attn")),  # termchat_attn also writes the KV cache
     ("forward: KV-cache update", ("kv_cache_update",)),
     ("forward: norms", ("rms_norm",)),
     ("forward: inductor's fused kernels", ("cpp_fused", "kernel_cpp")),

@@ -13,7 +13,9 @@ Steps, about 45 s on 2 cores the first time:
    OpenMP, so its threads are those of torch's own libgomp;
    `amx_gcc12_fix.h` is forced into every file (GCC 12 miscompiles ggml's AMX
    tile configuration at -O3: see that file);
-3. ggml_op.cpp compiled against the installed torch and linked with them.
+3. ggml_op.cpp compiled against the installed torch and linked with them, and
+   with it attention_op.cpp (termchat_attn: a layer's attention as one call of
+   vLLM's own kernels, see attention.py), which needs no ggml.
 
 The result goes to <venv>/termchat-ggml/ with build.json (the source, the
 CPU's flags): the plugin loads it only on a CPU with the same flags, since a
@@ -53,7 +55,7 @@ def cpu_flags() -> list[str]:
 
 def fingerprint() -> dict:
     """What the built library depends on: if any of it changes, build again."""
-    sources = hashlib.sha256(b"".join((HERE / n).read_bytes() for n in ("ggml_op.cpp", "amx_gcc12_fix.h", "build.py"))).hexdigest()[:16]
+    sources = hashlib.sha256(b"".join((HERE / n).read_bytes() for n in ("ggml_op.cpp", "attention_op.cpp", "amx_gcc12_fix.h", "build.py"))).hexdigest()[:16]
     import torch
 
     return {"source": SOURCE, "operator": sources, "torch": torch.__version__, "cpu_flags": hashlib.sha256(" ".join(cpu_flags()).encode()).hexdigest()[:16]}
@@ -126,7 +128,7 @@ def build_operator(include: Path, libs: Path, work: Path, log: Path) -> Path:
         os.dup2(handle.fileno(), 1)
         os.dup2(handle.fileno(), 2)
         try:
-            cpp_extension.load(name="termchat_ggml", sources=[str(HERE / "ggml_op.cpp")], extra_include_paths=[str(include)],
+            cpp_extension.load(name="termchat_ggml", sources=[str(HERE / "ggml_op.cpp"), str(HERE / "attention_op.cpp")], extra_include_paths=[str(include)],
                                extra_cflags=["-O2", "-march=native", "-fopenmp"], extra_ldflags=[*archives, "-fopenmp"],
                                build_directory=str(folder), is_python_module=False, verbose=True)
         finally:

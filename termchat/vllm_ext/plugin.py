@@ -25,6 +25,8 @@ And (load_cpu_compile_cache): a compiled engine's cache, which vLLM 0.32
 writes on the CPU but cannot read back. (short_compiled_warm_up): a compiled
 engine's warm-up without the 2048-token profiling pass it does not need, and
 (quick_compiled_load) its cached kernels loaded without torch's g++ probes.
+(attention.install): a CPU decoder layer's attention as one C++ call of
+vLLM's own kernels instead of two Python custom ops.
 
 Nothing here imports the rest of termchat (but its siblings in vllm_ext, the
 quantizations it registers), and nothing runs at import time.
@@ -646,6 +648,14 @@ def register() -> None:
                 logger.info("termchat: each step runs on the cores other processes leave free (threads.Governor)")
     except Exception as exc:  # never stop vLLM from starting: the thread count stays fixed
         logger.warning("termchat: could not adapt the worker's threads to the load (%s: %s)", type(exc).__name__, exc)
+    try:
+        if os.environ.get("TERMCHAT_FAST_ATTENTION", "1") != "0":
+            from termchat.vllm_ext import attention  # vLLM and the built operator only
+
+            if attention.install():
+                logger.info("termchat: CPU attention runs as one C++ call per layer (termchat_attn)")
+    except Exception as exc:  # never stop vLLM from starting: its own attention ops stay
+        logger.warning("termchat: could not install the one-call attention (%s: %s)", type(exc).__name__, exc)
     try:
         broken = defective_fallbacks()
     except Exception as exc:  # never stop vLLM from starting; say why nothing was checked
