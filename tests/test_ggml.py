@@ -78,16 +78,20 @@ def test_a_row_comes_out_the_same_alone_or_beside_others(written, op):
     """Speculation verifies drafts several rows at a time, plain decoding one:
     a row's product must not depend on its neighbours, or greedy text would
     change with speculation (here: ggml's AMX tile path for many rows and its
-    VNNI path for one give identical bits)."""
+    VNNI path for one give identical bits, and so does termchat's own path for
+    2-8 rows of Q4_1 in the AMX buffer, two weights side by side included)."""
     import torch
 
     for kind in ("Q4_1", "Q8_0", "Q4_K", "Q6_K"):
         t, raw = blocks(written[kind][0], "blk.0.ffn_up.weight")
         handle = op.pack([raw], t.type, t.shape[0], True)
-        x = torch.randn(17, t.shape[0], generator=torch.Generator().manual_seed(2))
-        together = op.linear(x, [handle])
-        alone = torch.cat([op.linear(x[i : i + 1], [handle]) for i in range(17)])
-        assert torch.equal(together, alone), (kind, op.buffer_name(handle))
+        _, raw2 = blocks(written[kind][0], "blk.0.ffn_gate.weight")
+        second = op.pack([raw2], t.type, t.shape[0], True)
+        for n in (2, 3, 8, 9, 17):
+            x = torch.randn(n, t.shape[0], generator=torch.Generator().manual_seed(n))
+            together = op.linear(x, [handle, second])
+            alone = torch.cat([op.linear(x[i : i + 1], [handle, second]) for i in range(n)])
+            assert torch.equal(together, alone), (kind, n, op.buffer_name(handle))
 
 
 @needs_operator

@@ -35,7 +35,10 @@ runs twice a layer) round float32 results to bfloat16 on this CPU: to the
 nearest value, or by truncation, which without AVX512-BF16 they do (the
 cause of bfloat16's 10.6% log-probability shift on the AVX2 machine).
 
-Prints ms per step, the bytes read per second, and each format's largest
+Every format is timed in each round, in turn (a shared host's slow minute
+slows them all alike), and the operator's time is also given as the median of
+its per-round ratios to ggml's graph. Prints ms per step (median of rounds),
+the bytes read per second, and each format's largest
 error against float32 on the same (dequantized) weights, which shows the
 kernel was called right. The output layer stays float32 in every row (vLLM
 does not quantize a tied embedding).
@@ -54,19 +57,21 @@ def shapes(config: dict) -> list[tuple[int, int]]:
     return [(hidden, qkv), (config["num_attention_heads"] * head, hidden), (hidden, 2 * inter), (inter, hidden)]
 
 
-def timed(calls, rounds: int) -> float:
-    """Median seconds of one pass over `calls`."""
-    import statistics
-
-    for call in calls:
-        call()
-    times = []
-    for _ in range(rounds):
-        started = time.perf_counter()
+def timed_together(passes: dict, rounds: int) -> dict:
+    """Seconds of each pass (name -> list of calls), round by round: every round times
+    each pass once, in turn, so a slow minute of a shared host slows all of them alike.
+    Returns name -> the list of its rounds' seconds."""
+    for calls in passes.values():
         for call in calls:
             call()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    times = {name: [] for name in passes}
+    for _ in range(rounds):
+        for name, calls in passes.items():
+            started = time.perf_counter()
+            for call in calls:
+                call()
+            times[name].append(time.perf_counter() - started)
+    return times
 
 
 def float32_linear(ops, weight):
@@ -222,6 +227,7 @@ def main() -> None:
 
     wanted = [f.strip() for f in args.formats.split(",") if f.strip()]
     print(f"shapes: {args.shape} ({layers} layers, {sum(w.numel() for layer in weights for w in layer) / 1e9:.2f} B weights)")
+    passes, rows_out = {}, {}  # name -> its calls; name -> (layer bytes, max error, path)
     for name, per_weight in formats.items():
         if wanted and name not in wanted:
             continue
@@ -242,13 +248,11 @@ def main() -> None:
                 reference = x @ d.t()
                 error = max(error, float((out - reference).abs().max() / reference.abs().max()))
             if name == "ggml-graph":
-                calls = [lambda: torch.ops.termchat_ggml.graph(xs, handles)]
+                calls = [lambda xs=xs, handles=handles: torch.ops.termchat_ggml.graph(xs, handles)]
             else:
                 calls = [lambda h=h, x=x: torch.ops.termchat_ggml.linear1(x, h) for h, x in zip(handles, xs)]  # as the engine calls it
-            layer_s = timed(calls, args.rounds)
-            head_s = timed([lambda: head_call(rows[config["hidden_size"]])], args.rounds)
-            mb = (layer_params * per_weight + head.numel() * 4) / 1e6
-            print(f"{name:14} {layer_s * 1e3:10.1f} {(layer_s + head_s) * 1e3:9.1f} {mb:8.0f} {mb / 1e3 / (layer_s + head_s):6.1f} {error:10.1e}  ({path})")
+            rows_out[name] = (layer_params * per_weight, error, path)
+            passes[name] = calls
             continue
         for layer in weights:
             for w in layer:
@@ -264,10 +268,23 @@ def main() -> None:
                 reference = x @ dequant.t()
                 error = max(error, float((run(x) - reference).abs().max() / reference.abs().max()))
                 calls.append(lambda run=run, x=x: run(x))
-        layer_s = timed(calls, args.rounds)
-        head_s = timed([lambda: head_call(rows[config["hidden_size"]])], args.rounds)
-        mb = (layer_params * per_weight + head.numel() * 4) / 1e6
+        rows_out[name] = (layer_params * per_weight, error, path)
+        passes[name] = calls
+    if not passes:
+        return
+    import statistics
+
+    passes["output layer"] = [lambda: head_call(rows[config["hidden_size"]])]
+    times = timed_together(passes, args.rounds)
+    head_s = statistics.median(times.pop("output layer"))
+    for name, (layer_bytes, error, path) in rows_out.items():
+        layer_s = statistics.median(times[name])
+        mb = (layer_bytes + head.numel() * 4) / 1e6
         print(f"{name:14} {layer_s * 1e3:10.1f} {(layer_s + head_s) * 1e3:9.1f} {mb:8.0f} {mb / 1e3 / (layer_s + head_s):6.1f} {error:10.1e}" + (f"  ({path})" if path else ""))
+    if "ggml" in times and "ggml-graph" in times:
+        ratios = sorted(a / b for a, b in zip(times["ggml"], times["ggml-graph"]))
+        print(f"the operator's layer matmuls / ggml's own graph, round by round: median {statistics.median(ratios):.2f}x "
+              f"(middle half {ratios[len(ratios) // 4]:.2f}-{ratios[3 * len(ratios) // 4]:.2f}, {len(ratios)} rounds)")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,7 @@ struct Packed {
   ggml_context* ctx = nullptr;          // holds the tensor's header
   ggml_backend_buffer_t buf = nullptr;  // holds its blocks, repacked where ggml repacks
   ggml_tensor* t = nullptr;
+  bool amx = false;                     // in ggml's AMX buffer: tiles of 16 rows x one block
 };
 
 std::mutex registry_mutex;
@@ -110,7 +112,12 @@ struct Plan {
   ~Plan() { if (ctx) ggml_free(ctx); }
 };
 
-constexpr int64_t CACHED_ROWS = 64;        // prefill's longer shapes are built per call
+constexpr int64_t CACHED_ROWS = 64;
+
+bool few_rows_enabled() {  // TERMCHAT_GGML_FEW_ROWS=0: ggml's own path for every row count (for measuring)
+  static const bool on = [] { const char* v = getenv("TERMCHAT_GGML_FEW_ROWS"); return !(v && strcmp(v, "0") == 0); }();
+  return on;
+}        // prefill's longer shapes are built per call
 std::atomic<uint64_t> generation{0};       // a weight freed: every cached plan may point at it
 
 std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, int64_t n_total, int threads, bool own_work) {
@@ -138,6 +145,118 @@ std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, 
   }
   return plan;
 }
+
+
+// A few rows (draft verification: 2-8) against Q4_1 weights in ggml's AMX buffer. ggml runs
+// one row on AVX512-VNNI (tinygemm_kernel_vnni, M = 1) and more rows on AMX tiles of 32
+// rows, which first unpacks every weight tile to int8: 2 rows cost 1.8x one, 4 rows 1.9x,
+// 17 rows 3.6x (bench README). Here each weight tile is read once and unpacked once, then
+// multiplied by every row with the M = 1 kernel's own instructions in its own order, so each
+// row comes out to the bit as it would alone: a verification step computes what a plain step
+// would. ggml's packed layout (amx/mmq.cpp): tile (n, k) of 16 rows x 32 values at
+// (n * KB + k) * 320 bytes, 256 bytes of nibbles, then 16 scales d, then 16 mins m (fp16).
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+constexpr int64_t FEW_ROWS = 8;  // measured: 9-16 rows gain little over AMX tiles (bench README)
+struct BlockQ8_1 { ggml_fp16_t d, s; int8_t qs[32]; };  // ggml's block_q8_1
+static_assert(sizeof(BlockQ8_1) == 36, "block_q8_1 is 36 bytes");
+
+template <int M>
+void q4_1_few_rows_tile(const BlockQ8_1* a, const float* ds, int64_t kb, const uint8_t* tiles, float* out, int64_t ldo) {
+  constexpr int TILE_BYTES = 16 * 20;
+  const __m512i low = _mm512_set1_epi8(0xF);
+  __m512 vc[M];
+  #pragma GCC unroll 8
+  for (int r = 0; r < M; r++) vc[r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < kb; i++) {
+    const uint8_t* b = tiles + i * TILE_BYTES;
+    __m512i vb[8];
+    #pragma GCC unroll 8
+    for (int k = 0; k < 8; k += 2) {
+      const __m512i bytes = _mm512_loadu_si512((const __m512i*)(b + k * 32));
+      vb[k] = _mm512_and_si512(bytes, low);
+      vb[k + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+    }
+    const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(b + 256)));
+    const __m512 vm0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(b + 256 + 32)));
+    // the rows' integer sums side by side, so their dpbusd chains overlap (integer sums are
+    // exact in any order); the float steps then as ggml's, row by row
+    __m512i vsum[M];
+    #pragma GCC unroll 8
+    for (int r = 0; r < M; r++) vsum[r] = _mm512_setzero_si512();
+    #pragma GCC unroll 8
+    for (int k = 0; k < 8; k++)
+      #pragma GCC unroll 8
+      for (int r = 0; r < M; r++)
+        vsum[r] = _mm512_dpbusd_epi32(vsum[r], vb[k], _mm512_set1_epi32(reinterpret_cast<const int32_t*>(a[r * kb + i].qs)[k]));
+    #pragma GCC unroll 8
+    for (int r = 0; r < M; r++) {
+      const __m512 vd1 = _mm512_set1_ps(ds[2 * (r * kb + i)]);
+      const __m512 vs1 = _mm512_set1_ps(ds[2 * (r * kb + i) + 1]);
+      vc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(vsum[r]), _mm512_mul_ps(vd0, vd1), vc[r]);
+      vc[r] = _mm512_fmadd_ps(vm0, vs1, vc[r]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int r = 0; r < M; r++) _mm512_storeu_ps(out + r * ldo, vc[r]);
+}
+
+bool few_rows_apply(const Packed* p) {
+  return p->amx && p->t->type == GGML_TYPE_Q4_1 && p->t->ne[1] % 16 == 0 && p->t->ne[0] % 32 == 0;
+}
+
+// rows [m, k] times each weight, side by side in out [m, n_total]; false if this path does not apply
+bool few_rows(const std::vector<Packed*>& packed, const float* x, int64_t m, float* out, int64_t n_total) {
+  if (m < 2 || m > FEW_ROWS) return false;
+  for (auto* p : packed)
+    if (!few_rows_apply(p)) return false;
+  const int64_t k = packed[0]->t->ne[0], kb = k / 32;
+  thread_local std::vector<BlockQ8_1> a;
+  a.resize(m * kb);
+  const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float;  // ggml's quantize_row_q8_1, as its AMX path
+  for (int64_t r = 0; r < m; r++) from_float(x + r * k, a.data() + r * kb, k);
+  thread_local std::vector<float> ds;  // each block's scale and sum as float, converted once (not per weight tile)
+  ds.resize(2 * m * kb);
+  for (int64_t j = 0; j < m * kb; j++) {
+    ds[2 * j] = ggml_fp16_to_fp32(a[j].d);
+    ds[2 * j + 1] = ggml_fp16_to_fp32(a[j].s);
+  }
+  const float* dp = ds.data();
+  const BlockQ8_1* ap = a.data();  // a is this thread's: the team's threads get the pointer, not their own a
+  int64_t col = 0;
+  for (auto* p : packed) {
+    const int64_t tiles = p->t->ne[1] / 16;
+    const uint8_t* base = static_cast<const uint8_t*>(p->t->data);
+    float* dst = out + col;
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; n++) {
+        const uint8_t* t = base + n * kb * 320;
+        float* o = dst + n * 16;
+        for (int64_t r0 = 0; r0 < m; r0 += 8) {
+          const int64_t rows = std::min<int64_t>(8, m - r0);
+          const BlockQ8_1* ar = ap + r0 * kb;
+          const float* dr = dp + 2 * r0 * kb;
+          float* orow = o + r0 * n_total;
+          switch (rows) {
+            case 1: q4_1_few_rows_tile<1>(ar, dr, kb, t, orow, n_total); break;
+            case 2: q4_1_few_rows_tile<2>(ar, dr, kb, t, orow, n_total); break;
+            case 3: q4_1_few_rows_tile<3>(ar, dr, kb, t, orow, n_total); break;
+            case 4: q4_1_few_rows_tile<4>(ar, dr, kb, t, orow, n_total); break;
+            case 5: q4_1_few_rows_tile<5>(ar, dr, kb, t, orow, n_total); break;
+            case 6: q4_1_few_rows_tile<6>(ar, dr, kb, t, orow, n_total); break;
+            case 7: q4_1_few_rows_tile<7>(ar, dr, kb, t, orow, n_total); break;
+            default: q4_1_few_rows_tile<8>(ar, dr, kb, t, orow, n_total); break;
+          }
+        }
+      }
+    });
+    col += p->t->ne[1];
+  }
+  return true;
+}
+#else
+bool few_rows(const std::vector<Packed*>&, const float*, int64_t, float*, int64_t) { return false; }  // no AMX buffer without AVX-512
+#endif
 
 }  // namespace
 
@@ -181,6 +300,7 @@ at::Tensor pack(std::vector<at::Tensor> shards, int64_t type, int64_t k, bool ex
     ggml_backend_tensor_set(p->t, data, 0, rows * row_bytes);
     break;
   }
+  p->amx = strcmp(ggml_backend_buffer_name(p->buf), "AMX") == 0;
   const size_t held = ggml_backend_buffer_get_size(p->buf);
   const int64_t width = held % rows == 0 ? (int64_t)(held / rows) : 1;
   auto release = [p](void*) {
@@ -219,7 +339,7 @@ at::Tensor ggml_linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
   auto shape = x.sizes().vec();
   shape.back() = n_total;
   at::Tensor out = at::empty(shape, rows.options());
-  if (m > 0) {
+  if (m > 0 && !(few_rows_enabled() && few_rows(packed, rows.data_ptr<float>(), m, out.data_ptr<float>(), n_total))) {
     const int threads = std::max(1, at::get_num_threads());
     thread_local std::unordered_map<std::string, std::unique_ptr<Plan>> plans;
     thread_local uint64_t seen = 0;
