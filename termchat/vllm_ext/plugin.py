@@ -592,33 +592,6 @@ def sample_by_position() -> bool:
     return True
 
 
-def plain_steps_without_drafts() -> bool:
-    """With speculation configured, vLLM 0.32 takes its speculative path at every step:
-    the spec-decode metadata and the rejection sampler run even when no request has a
-    draft, which a suffix-decoding engine's steps mostly do not (chat: 71 of 173 steps
-    had drafts). With every draft dropped it ran at 0.66-0.93x its plain engine (bench
-    README). Such a step now prepares its inputs as a plain engine does, and samples with
-    the plain sampler: the same argmax at T=0, and the same keyed noise for a seeded
-    request (sample_by_position keys both samplers by output position). Only for the
-    proposers without a model (suffix, ngram), whose drafts need no metadata of the step."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    original = GPUModelRunner._prepare_inputs
-
-    def _prepare_inputs(self, scheduler_output, *args, **kwargs):
-        config = self.speculative_config
-        if config is None or scheduler_output.scheduled_spec_decode_tokens or config.method not in ("suffix", "ngram"):
-            return original(self, scheduler_output, *args, **kwargs)
-        self.speculative_config = None  # read once there, to choose the path
-        try:
-            return original(self, scheduler_output, *args, **kwargs)
-        finally:
-            self.speculative_config = config
-
-    GPUModelRunner._prepare_inputs = _prepare_inputs
-    return True
-
-
 def register() -> None:
     """vLLM's plugin hook: replace the defective CPU fallbacks, once per process."""
     global _done
@@ -683,11 +656,6 @@ def register() -> None:
                 logger.info("termchat: CPU attention runs as one C++ call per layer (termchat_attn)")
     except Exception as exc:  # never stop vLLM from starting: its own attention ops stay
         logger.warning("termchat: could not install the one-call attention (%s: %s)", type(exc).__name__, exc)
-    try:
-        if os.environ.get("TERMCHAT_PLAIN_STEPS", "1") != "0" and plain_steps_without_drafts():
-            logger.info("termchat: a step without drafts runs as a plain one (plain_steps_without_drafts)")
-    except Exception as exc:  # never stop vLLM from starting: every step takes the speculative path, as before
-        logger.warning("termchat: could not run draftless steps as plain ones (%s: %s)", type(exc).__name__, exc)
     try:
         broken = defective_fallbacks()
     except Exception as exc:  # never stop vLLM from starting; say why nothing was checked
