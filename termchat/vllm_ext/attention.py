@@ -28,12 +28,10 @@ than CPU_ATTN) keep vLLM's path. TERMCHAT_FAST_ATTENTION=0 turns it off.
 
 from __future__ import annotations
 
-import logging
-
-logger = logging.getLogger("vllm.termchat_plugin")
+import itertools
 
 _installed = False
-_layers: list = []  # index -> the layer, for registering its KV cache
+_indices = itertools.count()  # each eligible layer's number in attention_op.cpp
 
 
 def eligible(layer) -> bool:
@@ -76,10 +74,7 @@ def install() -> bool:
 
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        self.termchat_index = None
-        if eligible(self):
-            self.termchat_index = len(_layers)
-            _layers.append(self)
+        self.termchat_index = next(_indices) if eligible(self) else None
 
     original_forward = Attention.forward
 
