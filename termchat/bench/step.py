@@ -1,8 +1,10 @@
 """Where a plain decode step goes, component by component.
 
     python -m termchat.bench.step [--profile local-plain | --file 1.7b] [--seconds 12] [--rate 200] [--max-tokens 256]
+    python -m termchat.bench.step --profile local --speculative --category edit
 
-Starts the profile's engine (plain: the profile's speculation is left out),
+Starts the profile's engine (plain: the profile's speculation is left out,
+unless --speculative keeps it, to see what a verification step adds),
 measures its greedy decode unprofiled (the engine's own clock, three replies),
 then samples the engine core with py-spy (`--nonblocking`, so the engine is
 not paused; the optional extra `bench`) while it decodes the same kind of
@@ -34,6 +36,7 @@ from typing import ClassVar
 
 from termchat.bench.peers import profile_specs, termchat_profile
 from termchat.engine import proc
+from termchat.errors import UserError
 from termchat.progress import engine_start_line
 
 PROMPTS = [
@@ -52,6 +55,7 @@ GRAPH_OPS = [
     ("forward: inductor's fused kernels", ("cpp_fused", "kernel_cpp")),
 ]
 STAGES = [
+    ("drafter (proposing)", ("propose_draft_token_ids",)),  # called inside sample_tokens: before the sampler
     ("output layer (compute_logits)", ("compute_logits",)),
     ("sampler", ("sample_tokens", "_sample", "sampler")),
     ("input preparation", ("_prepare_inputs", "_prepare_input", "_update_states", "_prepare")),
@@ -98,7 +102,7 @@ def classify(frames: list[tuple[str, str, int]], lines: Lines) -> str:
     names = [f[0] for f in frames]
     joined = " ".join(names)
     if "execute_model" in joined or "_model_forward" in joined or "compute_logits" in joined or "sample_tokens" in joined:
-        for component, marks in STAGES[:3]:
+        for component, marks in STAGES[:4]:
             if any(m in n for n in names for m in marks):
                 return component
         if any(m in n for n in names for m in ("kv_cache_update", "reshape_and_cache")):
@@ -116,7 +120,7 @@ def classify(frames: list[tuple[str, str, int]], lines: Lines) -> str:
         if "forward" in joined:
             return "forward: outside the graph"
         return "model runner: other"
-    for component, marks in STAGES[3:]:
+    for component, marks in STAGES[4:]:
         if any(m in n for n in names for m in marks):
             return component
     if frames and any(frames[-1][0].endswith(i) or frames[-1][0] == i for i in IDLE):
@@ -131,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples a second")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--raw", type=Path, help="also keep py-spy's samples in this file")
+    parser.add_argument("--speculative", action="store_true", help="keep the profile's speculation: the budget of its steps, drafts or not")
+    parser.add_argument("--category", help="a built-in prompt category's prompts (bench/prompt_sets.py) instead of the three below")
     parser.add_argument("--file", help="a user-size file instead (1.7b or 7b, bench/user_files.py), added and served from a one-line profile")
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -147,13 +153,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--file takes {', '.join(user_files.SHAPES)}")
     base = added_profile(args.file)[0] if args.file else termchat_profile(profile_specs(parser, args.profile)[0])
     label = f"{args.file}.gguf (one-line profile)" if args.file else args.profile
-    profile = dataclasses.replace(base, speculative=None)
+    profile = base if args.speculative else dataclasses.replace(base, speculative=None)
+    mode = "speculative" if profile.speculative else "plain"
+    prompts = PROMPTS
+    if args.category:
+        from termchat.bench.prompt_sets import builtin, named
+
+        try:
+            prompts = [p.text for p in builtin(named(args.category))]
+        except UserError as exc:
+            parser.error(str(exc))
     engine = open_engine(profile, progress=engine_start_line(), attach=False)
     try:
         sampling = Sampling(temperature=0.0, max_tokens=args.max_tokens)
         complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))
-        quiet = [complete_sync(engine, [{"role": "user", "content": p}], sampling).stats.decode_tokens_per_s or 0.0 for p in PROMPTS]
-        step_ms = 1000 / statistics.median(quiet)
+        replies = [complete_sync(engine, [{"role": "user", "content": p}], sampling).stats for p in prompts[:4]]
+        quiet = [s.decode_tokens_per_s or 0.0 for s in replies]
+        # a step is one forward pass: tokens a step differ with drafts, so time the steps themselves
+        step_ms = 1000 * statistics.median(s.decode_s / (s.steps - 1) for s in replies if s.decode_s and s.steps and s.steps > 1)
+        per_step = statistics.median(s.output_tokens / s.steps for s in replies if s.steps)
         core = next(p for p in proc.group_members(engine.pid) if p != engine.pid)
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "step.raw"
@@ -163,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             def load() -> None:
                 i = 0
                 while not stop.is_set():
-                    stats = complete_sync(engine, [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], sampling).stats
+                    stats = complete_sync(engine, [{"role": "user", "content": prompts[i % len(prompts)]}], sampling).stats
                     profiled.append(stats.decode_tokens_per_s or 0.0)
                     i += 1
 
@@ -196,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = by_thread[step_thread]
     busy = sum(n for c, n in counts.items() if c != "idle")
     print(machine_line(None))
-    print(f"{label} (plain), greedy, {args.max_tokens} tokens: unprofiled decode {statistics.median(quiet):.1f} tok/s "
-          f"(engine clock, median of {len(quiet)}) = {step_ms:.2f} ms a step; under py-spy ({args.rate} Hz, nonblocking, {wall:.0f} s) "
+    print(f"{label} ({mode}), greedy, {args.max_tokens} tokens: unprofiled decode {statistics.median(quiet):.1f} tok/s "
+          f"(engine clock, median of {len(quiet)}), {step_ms:.2f} ms a step, {per_step:.2f} tokens a step; under py-spy ({args.rate} Hz, nonblocking, {wall:.0f} s) "
           f"{statistics.median(profiled) if profiled else 0:.1f} tok/s")
     print(f"CPU over the window: engine core {(after[1] - before[1]) / hz / wall:.2f} cores, API server {(after[0] - before[0]) / hz / wall:.2f} cores; "
           f"the step thread busy in {busy} of {sum(counts.values())} samples\n")
