@@ -36,3 +36,14 @@ def test_a_frame_with_an_odd_file_or_line_still_parses():
     frames, count = _stack("f (x.py:notanumber);g (weird (name).py:12) 7")
     assert count == 7 and frames[0] == ("f", "x.py", 0) and frames[1][2] == 12
     assert step.classify(frames, Lines()) == "engine core: other"
+
+
+def test_inductors_cpp_wrapper_is_one_line_of_the_budget_not_outside_the_graph():
+    """The built-ins compile with inductor's C++ wrapper: the whole graph is one native call
+    under a generated `_wrap_func.<locals>.g`, which the budget names as such (its op kinds
+    need --op-kinds), never as work outside the graph."""
+    frames = [("EngineCore.step", "core.py", 1), ("GPUModelRunner.execute_model", "gpu_model_runner.py", 2),
+              ("GPUModelRunner._model_forward", "gpu_model_runner.py", 3), ("LlamaModel.forward", "llama.py", 406),
+              ("CompiledFxGraph.__call__", "output_code.py", 763), ("_wrap_func.<locals>.g", "cybhlbg2ty.py", 4501)]
+    assert step.classify(frames, Lines()) == step.CPP_GRAPH
+    assert step.classify(frames[:-1], Lines()) == "forward: outside the graph"

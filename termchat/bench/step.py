@@ -2,6 +2,7 @@
 
     python -m termchat.bench.step [--profile local-plain | --file 1.7b] [--seconds 12] [--rate 200] [--max-tokens 256]
     python -m termchat.bench.step --profile local --speculative --category edit
+    python -m termchat.bench.step --op-kinds    # the forward by op kind (inductor's Python wrapper)
 
 Starts the profile's engine (plain: the profile's speculation is left out,
 unless --speculative keeps it, to see what a verification step adds),
@@ -9,9 +10,10 @@ measures its greedy decode unprofiled (the engine's own clock, three replies),
 then samples the engine core with py-spy (`--nonblocking`, so the engine is
 not paused; the optional extra `bench`) while it decodes the same kind of
 replies, and sorts every sample of the thread that runs the step into a
-budget: the forward pass by op kind (inside the compiled graph, by the op the
-generated line calls: ggml's matmuls, attention, the KV-cache update, norms,
-inductor's fused kernels), the output layer, input preparation, the
+budget: the forward pass (by op kind with --op-kinds: inside the compiled
+graph, by the op the generated Python line calls: ggml's matmuls, attention,
+the KV-cache update, norms, inductor's fused kernels; the built-ins compile
+with inductor's C++ wrapper, one native call py-spy cannot split), the output layer, input preparation, the
 scheduler, the sampler, output processing, and the rest. Shares are of the
 step thread's busy samples; "ms a step" is the share times the unprofiled
 step. The API server's and the engine core's CPU time over the window come
@@ -62,6 +64,7 @@ STAGES = [
     ("scheduler", ("schedule", "update_from_output")),
     ("output processing", ("process_outputs", "_process_engine_step", "put_nowait", "send", "serialize", "encode")),
 ]
+CPP_GRAPH = "forward: the compiled graph (C++ wrapper; --op-kinds splits it)"
 IDLE = ("_process_input_queue", "get", "wait", "poll", "select", "recv", "sleep")
 
 
@@ -109,6 +112,8 @@ def classify(frames: list[tuple[str, str, int]], lines: Lines) -> str:
             return "forward: KV-cache update"
         if any(m in n for n in names for m in ("unified_attention", "cpu_attention", "AttentionBackendImpl.forward")):
             return "forward: attention"
+        if any(f[0].startswith("_wrap_func.") for f in frames):  # inductor's C++ wrapper: the graph is one call
+            return CPP_GRAPH
         graph = [f for f in frames if f[0] == "Runner.call" or "torch_compile_cache" in f[1]]  # inductor's generated module
         if graph:
             called = lines.get(graph[-1][1], graph[-1][2])
@@ -136,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--raw", type=Path, help="also keep py-spy's samples in this file")
     parser.add_argument("--speculative", action="store_true", help="keep the profile's speculation: the budget of its steps, drafts or not")
+    parser.add_argument("--op-kinds", action="store_true",
+                        help="split the forward by op kind: the engine runs inductor's Python wrapper, whose lines py-spy reads "
+                             "(the built-ins' C++ wrapper is one native call; its steps are shorter)")
     parser.add_argument("--category", help="a built-in prompt category's prompts (bench/prompt_sets.py) instead of the three below")
     parser.add_argument("--file", help="a user-size file instead (1.7b or 7b, bench/user_files.py), added and served from a one-line profile")
     args = parser.parse_args(argv)
@@ -154,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     base = added_profile(args.file)[0] if args.file else termchat_profile(profile_specs(parser, args.profile)[0])
     label = f"{args.file}.gguf (one-line profile)" if args.file else args.profile
     profile = base if args.speculative else dataclasses.replace(base, speculative=None)
-    mode = "speculative" if profile.speculative else "plain"
+    if args.op_kinds:
+        compilation = dict(profile.engine_args.get("compilation_config") or {})
+        compilation["inductor_compile_config"] = {**compilation.get("inductor_compile_config", {}), "cpp_wrapper": False}
+        profile = dataclasses.replace(profile, engine_args={**profile.engine_args, "compilation_config": compilation})
+    mode = ("speculative" if profile.speculative else "plain") + (", Python wrapper" if args.op_kinds else "")
     prompts = PROMPTS
     if args.category:
         from termchat.bench.prompt_sets import builtin, named
