@@ -139,3 +139,82 @@ def test_the_keyed_generators_depend_on_the_seed_and_the_position_only(monkeypat
     assert keyed[2] is stranger  # a request this process never saw keeps vLLM's generator
     later = vllm_plugin.keyed_generators({0: a}, offsets=[1])
     assert draw(later[0]) != draw(vllm_plugin.keyed_generators({0: a})[0])  # another position, other noise
+
+
+def verification_case(seed: int, drafts: list[int] | None = None, vocab: int = 512):
+    """Logits for a batch of requests with drafts, some of them the argmax of their row:
+    (SpecDecodeMetadata, logits), laid out as vLLM's model runner lays them out."""
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    g = torch.Generator().manual_seed(seed)
+    if drafts is None:
+        drafts = [int(torch.randint(0, 6, (), generator=g)) for _ in range(int(torch.randint(1, 5, (), generator=g)))]
+    logits = torch.randn(sum(drafts) + len(drafts), vocab, generator=g)
+    best = logits.argmax(-1)
+    draft_ids, target, bonus, row = [], [], [], 0
+    for count in drafts:
+        for position in range(count):
+            hit = bool(torch.rand((), generator=g) < 0.7)  # a draft the target agrees with, or not
+            draft_ids.append(int(best[row + position]) if hit else int((best[row + position] + 1) % vocab))
+            target.append(row + position)
+        bonus.append(row + count)
+        row += count + 1
+    cu = torch.tensor(drafts).cumsum(0).to(torch.int32)
+    meta = SpecDecodeMetadata(draft_token_ids=torch.tensor(draft_ids, dtype=torch.int32), num_draft_tokens=drafts, cu_num_draft_tokens=cu,
+                              cu_num_sampled_tokens=(torch.tensor(drafts) + 1).cumsum(0).to(torch.int32),
+                              target_logits_indices=torch.tensor(target, dtype=torch.int32), bonus_logits_indices=torch.tensor(bonus, dtype=torch.int32),
+                              logits_indices=torch.arange(row, dtype=torch.int32))
+    return meta, logits
+
+
+def greedy_metadata(batch: int, processors=()):
+    from vllm.v1.sample.logits_processor.state import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    zeros = torch.zeros(batch)
+    return SamplingMetadata(temperature=None, all_greedy=True, all_random=False, top_p=None, top_k=None, generators={}, max_num_logprobs=None,
+                            no_penalties=True, prompt_token_ids=None, frequency_penalties=zeros, presence_penalties=zeros, repetition_penalties=zeros + 1,
+                            output_token_ids=[[] for _ in range(batch)], allowed_token_ids_mask=None, bad_words_token_ids={},
+                            logitsprocs=LogitsProcessors(processors))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_greedy_verification_by_one_argmax_gives_vllms_verdict(rs, seed):
+    """plugin.greedy_verification: at T=0 with nothing that moves the argmax, the drafts'
+    verdict comes from the argmax of each row of the logits as they are; it must be the
+    one vLLM's rejection sampler reaches through its copies and its full sampler."""
+    from vllm.v1.sample.sampler import Sampler
+
+    vllm_plugin.greedy_verification()
+    forward = rs.RejectionSampler.forward
+    assert forward.termchat_greedy
+    sampler = rs.RejectionSampler(Sampler())
+    meta, logits = verification_case(seed)
+    sampling = greedy_metadata(len(meta.num_draft_tokens))
+    fast = forward(sampler, meta, None, logits.clone(), sampling)
+    vllm = forward.vllm(sampler, meta, None, logits.clone(), sampling)
+    assert torch.equal(fast.sampled_token_ids, vllm.sampled_token_ids)
+    assert fast.logprobs_tensors is None and vllm.logprobs_tensors is None
+    taken = (fast.sampled_token_ids != -1).sum().item()
+    assert len(meta.num_draft_tokens) <= taken <= sum(meta.num_draft_tokens) + len(meta.num_draft_tokens)
+
+
+def test_greedy_verification_leaves_a_logit_bias_to_vllm(rs):
+    """A request with a logit bias is greedy, yet its bonus token is the biased argmax: vLLM's
+    sampler applies the bias, so the one-argmax path must not take that batch."""
+    from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor
+    from vllm.v1.sample.sampler import Sampler
+
+    vllm_plugin.greedy_verification()
+    sampler = rs.RejectionSampler(Sampler())
+    meta, logits = verification_case(3, drafts=[0, 3, 2])  # the first request drafted nothing: its one token is the bonus
+    favoured = int((logits[0].argmax() + 7) % logits.size(1))
+    bias = LogitBiasLogitsProcessor(None, torch.device("cpu"), False)
+    bias.biases = {0: {favoured: 1000.0}}
+    bias.bias_tensor = torch.tensor([1000.0])
+    bias.logits_slice = (torch.tensor([0], dtype=torch.int32), torch.tensor([favoured], dtype=torch.int32))
+    out = rs.RejectionSampler.forward(sampler, meta, None, logits.clone(), greedy_metadata(len(meta.num_draft_tokens), [bias]))
+    assert out.sampled_token_ids[0, 0] == favoured
+    bias.biases = {}  # idle again: the one-argmax path, and the bias no longer shows
+    out = rs.RejectionSampler.forward(sampler, meta, None, logits.clone(), greedy_metadata(len(meta.num_draft_tokens), [bias]))
+    assert out.sampled_token_ids[0, 0] == logits[0].argmax()
