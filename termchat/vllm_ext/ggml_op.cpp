@@ -13,6 +13,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#include <immintrin.h>  // the few-rows kernel
+#endif
 #include <memory>
 #include <mutex>
 #include <string>
@@ -112,13 +115,13 @@ struct Plan {
   ~Plan() { if (ctx) ggml_free(ctx); }
 };
 
-constexpr int64_t CACHED_ROWS = 64;
+constexpr int64_t CACHED_ROWS = 64;        // prefill's longer shapes are built per call
+std::atomic<uint64_t> generation{0};       // a weight freed: every cached plan may point at it
 
 bool few_rows_enabled() {  // TERMCHAT_GGML_FEW_ROWS=0: ggml's own path for every row count (for measuring)
   static const bool on = [] { const char* v = getenv("TERMCHAT_GGML_FEW_ROWS"); return !(v && strcmp(v, "0") == 0); }();
   return on;
-}        // prefill's longer shapes are built per call
-std::atomic<uint64_t> generation{0};       // a weight freed: every cached plan may point at it
+}
 
 std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, int64_t n_total, int threads, bool own_work) {
   auto plan = std::make_unique<Plan>();
@@ -156,8 +159,7 @@ std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, 
 // would. ggml's packed layout (amx/mmq.cpp): tile (n, k) of 16 rows x 32 values at
 // (n * KB + k) * 320 bytes, 256 bytes of nibbles, then 16 scales d, then 16 mins m (fp16).
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
-constexpr int64_t FEW_ROWS = 8;  // measured: 9-16 rows gain little over AMX tiles (bench README)
+constexpr int64_t FEW_ROWS = 8;  // measured: 9-16 rows gain little over AMX tiles (bench README); the registers hold 8 rows
 struct BlockQ8_1 { ggml_fp16_t d, s; int8_t qs[32]; };  // ggml's block_q8_1
 static_assert(sizeof(BlockQ8_1) == 36, "block_q8_1 is 36 bytes");
 
@@ -232,21 +234,14 @@ bool few_rows(const std::vector<Packed*>& packed, const float* x, int64_t m, flo
       for (int64_t n = begin; n < end; n++) {
         const uint8_t* t = base + n * kb * 320;
         float* o = dst + n * 16;
-        for (int64_t r0 = 0; r0 < m; r0 += 8) {
-          const int64_t rows = std::min<int64_t>(8, m - r0);
-          const BlockQ8_1* ar = ap + r0 * kb;
-          const float* dr = dp + 2 * r0 * kb;
-          float* orow = o + r0 * n_total;
-          switch (rows) {
-            case 1: q4_1_few_rows_tile<1>(ar, dr, kb, t, orow, n_total); break;
-            case 2: q4_1_few_rows_tile<2>(ar, dr, kb, t, orow, n_total); break;
-            case 3: q4_1_few_rows_tile<3>(ar, dr, kb, t, orow, n_total); break;
-            case 4: q4_1_few_rows_tile<4>(ar, dr, kb, t, orow, n_total); break;
-            case 5: q4_1_few_rows_tile<5>(ar, dr, kb, t, orow, n_total); break;
-            case 6: q4_1_few_rows_tile<6>(ar, dr, kb, t, orow, n_total); break;
-            case 7: q4_1_few_rows_tile<7>(ar, dr, kb, t, orow, n_total); break;
-            default: q4_1_few_rows_tile<8>(ar, dr, kb, t, orow, n_total); break;
-          }
+        switch (m) {  // 2 to FEW_ROWS, checked above
+          case 2: q4_1_few_rows_tile<2>(ap, dp, kb, t, o, n_total); break;
+          case 3: q4_1_few_rows_tile<3>(ap, dp, kb, t, o, n_total); break;
+          case 4: q4_1_few_rows_tile<4>(ap, dp, kb, t, o, n_total); break;
+          case 5: q4_1_few_rows_tile<5>(ap, dp, kb, t, o, n_total); break;
+          case 6: q4_1_few_rows_tile<6>(ap, dp, kb, t, o, n_total); break;
+          case 7: q4_1_few_rows_tile<7>(ap, dp, kb, t, o, n_total); break;
+          default: q4_1_few_rows_tile<8>(ap, dp, kb, t, o, n_total); break;
         }
       }
     });
