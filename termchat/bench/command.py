@@ -66,7 +66,10 @@ def machine_line(bandwidth: float | None = None) -> str:
     info = machine()
     caches = " ".join(f"{k} {v}" for k, v in info["caches"].items()) or "?"
     smt = {None: "", 1: " (1 thread per core)"}.get(info["threads_per_core"], f" ({info['threads_per_core']} threads per core)")
-    line = f"machine: {info['cpu']}, {info['cores']} cores{smt}, ISA {' '.join(info['isa']) or 'no AVX2'}, caches {caches}, {info.get('ram_gib', '?')} GiB RAM, {info.get('vllm', 'vLLM ?')}"
+    from termchat.vllm_ext import isa
+
+    emulated = f" (AVX2 code only, {isa.ENV}=avx2: this CPU's caches, clock and memory)" if isa.avx2_only() else ""
+    line = f"machine: {info['cpu']}, {info['cores']} cores{smt}, ISA {' '.join(info['isa']) or 'no AVX2'}{emulated}, caches {caches}, {info.get('ram_gib', '?')} GiB RAM, {info.get('vllm', 'vLLM ?')}"
     return line + (f", memory bandwidth {bandwidth / 1e9:.1f} GB/s (measured now)" if bandwidth else "")
 
 

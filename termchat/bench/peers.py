@@ -120,6 +120,17 @@ def llama_cpp_model(file=None):
     return Llama(model_path=str(file or _gguf_path(quiet=True)), n_ctx=4096, n_batch=1, n_threads=os.cpu_count(), verbose=False)
 
 
+def llama_cpp_build() -> str:
+    """Which llama.cpp build ran, in words: its instruction sets decide its speed (a generic
+    build is 2x slower than a native one on AMX machines)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return "not installed"
+    info = llama_cpp.llama_print_system_info().decode(errors="replace").replace("CPU :", "").strip(" |")
+    return f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')} ({info})"
+
+
 def llama_cpp_speed(llm, prompt: str, max_tokens: int) -> float:
     first = None
     count = 0
@@ -229,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     from termchat.bench.roofline import read_bandwidth
 
     print("\n" + machine_line(read_bandwidth()))
+    print(f"llama.cpp: {llama_cpp_build()}")
     print(f"decode tokens/s, T=0, {args.max_tokens} tokens, {args.per_category} prompts per category (median), one run on this machine\n")
     ours = [f"termchat {name}" for name in names]
     print("| category | " + " | ".join(columns) + " | " + " | ".join(f"{n} / llama.cpp" for n in names) + " |")

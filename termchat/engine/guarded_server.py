@@ -79,6 +79,9 @@ def fork_engine_core() -> None:
 
 def main() -> None:
     argv = sys.argv[1:]
+    from termchat.vllm_ext import isa
+
+    isa.emulate()  # TERMCHAT_CPU_ISA=avx2: first, before anything imports torch
     if os.environ.get(FORK_ENV) == "1":
         fork_engine_core()  # before vLLM's parser below imports vLLM (and with it the plugin)
     expected = json.loads(os.environ.get(OWNS_ENV) or "{}")

@@ -11,6 +11,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from termchat.vllm_ext import isa
+
 PROC = Path("/proc")
 
 
@@ -136,7 +138,7 @@ def cpu_flags() -> set[str]:
     try:
         for line in (PROC / "cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return isa.visible(set(line.split(":", 1)[1].split()))  # TERMCHAT_CPU_ISA=avx2 hides AVX-512 and AMX
     except OSError:
         pass
     return set()

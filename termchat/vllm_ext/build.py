@@ -35,9 +35,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from termchat.vllm_ext import isa
+
 SOURCE = "llama-cpp-python==0.3.36"  # its vendor/llama.cpp/ggml: ggml 0.25.3
 HERE = Path(__file__).resolve().parent
-OUT = Path(sys.prefix) / "termchat-ggml"
+AVX2 = isa.avx2_only()  # TERMCHAT_CPU_ISA=avx2: an AVX2-only build, in a folder of its own (isa.py)
+OUT = Path(sys.prefix) / ("termchat-ggml-avx2" if AVX2 else "termchat-ggml")
 LIBRARY = OUT / "termchat_ggml.so"
 STAMP = OUT / "build.json"
 
@@ -47,7 +50,7 @@ def cpu_flags() -> list[str]:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 if line.startswith("flags"):
-                    return sorted(line.split(":", 1)[1].split())
+                    return sorted(isa.visible(line.split(":", 1)[1].split()))
     except OSError:
         pass
     return []
@@ -110,7 +113,9 @@ def build_ggml(source: Path, work: Path, log: Path) -> Path:
     fix = HERE / "amx_gcc12_fix.h"
     out = work / "build"
     flags = f"-include {fix}"
-    run([cmake, "-S", str(source), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_OPENMP=ON",
+    # natively for this CPU; an AVX2 build takes what an AVX2-only CPU (Haswell on) has
+    target = ["-DGGML_NATIVE=OFF", *(f"-DGGML_{f}=ON" for f in ("SSE42", "AVX", "AVX2", "FMA", "F16C", "BMI2"))] if AVX2 else ["-DGGML_NATIVE=ON"]
+    run([cmake, "-S", str(source), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", *target, "-DGGML_OPENMP=ON",
          "-DBUILD_SHARED_LIBS=OFF", "-DCMAKE_POSITION_INDEPENDENT_CODE=ON", "-DGGML_CCACHE=OFF", "-DGGML_BUILD_TESTS=OFF",
          "-DGGML_BUILD_EXAMPLES=OFF", f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"], log)
     run([cmake, "--build", str(out), "-j", str(os.cpu_count() or 2)], log)
@@ -129,7 +134,7 @@ def build_operator(include: Path, libs: Path, work: Path, log: Path) -> Path:
         os.dup2(handle.fileno(), 2)
         try:
             cpp_extension.load(name="termchat_ggml", sources=[str(HERE / "ggml_op.cpp"), str(HERE / "attention_op.cpp")], extra_include_paths=[str(include)],
-                               extra_cflags=["-O2", "-march=native", "-fopenmp"], extra_ldflags=[*archives, "-fopenmp"],
+                               extra_cflags=["-O2", "-march=haswell" if AVX2 else "-march=native", "-fopenmp"], extra_ldflags=[*archives, "-fopenmp"],
                                build_directory=str(folder), is_python_module=False, verbose=True)
         finally:
             os.dup2(stdout, 1)
@@ -147,7 +152,7 @@ def build(force: bool = False) -> Path:
     log.write_text("")
     with tempfile.TemporaryDirectory(prefix="termchat-ggml-") as tmp:
         work = Path(tmp)
-        say(f"building ggml ({SOURCE}'s) natively for this CPU, then the termchat_ggml operator (about a minute)")
+        say(f"building ggml ({SOURCE}'s) {'for AVX2 (' + isa.ENV + ')' if AVX2 else 'natively for this CPU'}, then the termchat_ggml operator (about a minute)")
         source = ggml_source(work, log)
         libs = build_ggml(source, work, log)
         library = build_operator(source / "include", libs, work, log)

@@ -649,6 +649,9 @@ def register() -> None:
     _done = True
     import os
 
+    from termchat.vllm_ext import isa
+
+    isa.emulate()  # a process that did not start from guarded_server (spawned)
     try:
         if os.environ.get("TERMCHAT_CPU_NORM", "1") != "0" and use_cpu_norm_kernels():
             logger.info("termchat: RMSNorm runs on vLLM's CPU kernels (%s)", NORM_PROVIDER)
