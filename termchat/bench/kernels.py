@@ -188,8 +188,9 @@ def main() -> None:
     parser.add_argument("--shape", default="default", help="the default model's shapes, or a user-size file's (bench/user_files.py: 1.7b, 7b)")
     parser.add_argument("--formats", default="", help="rows to time, comma-separated (default: all)")
     args = parser.parse_args()
+    from termchat.vllm_ext import isa
 
-
+    isa.emulate()  # TERMCHAT_CPU_ISA=avx2: torch's and vLLM's AVX2 code in this process too
     import torch
     from vllm import _custom_ops as ops
     from vllm.platforms import current_platform
