@@ -6,9 +6,9 @@ A speculative step multiplies the last token and its drafts, one row each, by
 every weight matrix; a plain step multiplies one row. Where the kernel is bound
 by memory the extra rows are nearly free, and drafts pay as soon as a few are
 accepted. Where it is bound by arithmetic (ggml's 4-bit product with AVX2 code
-only, no VNNI or AMX) each row costs more of a whole one, and only categories
-whose drafts are mostly accepted (edits, extraction) gain (bench README, "Do
-drafts pay on this machine?").
+only, no VNNI or AMX) each further row costs a good part of a whole one, and
+only categories whose drafts are mostly accepted (edits, extraction) gain
+(bench README, "Do drafts pay on this machine?").
 
 This times the layer matmuls and the output layer of one step, in the format
 the built-in profiles run here (`weights = "auto"`): ggml on the default
@@ -27,7 +27,7 @@ import sys
 ROW_COUNTS = (1, 2, 4, 8, 17)  # a plain step; 1, 3, 7 drafts; suffix decoding's most (16)
 
 
-def ggml_calls(torch, rows: dict[int, object]) -> dict[int, list]:
+def ggml_calls(torch, rows: dict[int, object], config: dict) -> dict[int, list]:
     """The engine's products of one step on the default's own blocks: qkv, o, gate_up
     and down per layer, then the output layer (the tied embedding's Q8_0 blocks)."""
     from gguf import GGUFReader
@@ -53,13 +53,10 @@ def ggml_calls(torch, rows: dict[int, object]) -> dict[int, list]:
     return {n: [lambda h=h, x=x[k]: torch.ops.termchat_ggml.linear1(x, h) for h, k in handles] for n, x in rows.items()}
 
 
-def float32_calls(torch, rows: dict[int, object]) -> dict[int, list]:
+def float32_calls(torch, rows: dict[int, object], config: dict) -> dict[int, list]:
     """The same products on float32 weights of the default's shapes (torch's linear)."""
-    from termchat import models
     from termchat.bench.kernels import shapes
-    from termchat.profiles import DEFAULT_MODEL
 
-    config = models.read_config(models.folder(DEFAULT_MODEL))
     torch.manual_seed(0)
     weights = [torch.randn(n, k) * 0.05 for _ in range(config["num_hidden_layers"]) for k, n in shapes(config)]
     weights.append(torch.randn(config["vocab_size"], config["hidden_size"]) * 0.05)
@@ -100,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {config["hidden_size"], config["intermediate_size"]}
     torch.manual_seed(0)
     rows = {n: {k: torch.randn(n, k) for k in sizes} for n in ROW_COUNTS}
-    passes = KERNELS[fmt](torch, rows)
+    passes = KERNELS[fmt](torch, rows, config)
     print(f"{fmt} ({why}), {torch.get_num_threads()} threads, {len(passes[1])} products a step, {args.rounds} rounds")
-    times = timed_together({n: calls for n, calls in passes.items()}, args.rounds)
+    times = timed_together(passes, args.rounds)
     ratios = {n: statistics.median(a / b for a, b in zip(times[n], times[1])) for n in ROW_COUNTS}
     print(f"{'rows':>5} {'ms a step':>10} {'x one row':>10}")
     for n in ROW_COUNTS:
