@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
 ROW_COUNTS = (1, 2, 4, 8, 17)  # a plain step; 1, 3, 7 drafts; suffix decoding's most (16)
 
@@ -37,12 +38,10 @@ def ggml_calls(torch, rows: dict[int, object], config: dict) -> dict[int, list]:
     from termchat.vllm_ext import ggml
 
     ggml.load()
-    path = models.gguf_file_of(models.folder(DEFAULT_MODEL))
+    path = models.gguf_file_of(Path(models.resolve(DEFAULT_MODEL)))  # resolve follows this environment's package
     tensors = {t.name: t for t in GGUFReader(path).tensors}
     layers = 1 + max(int(name.split(".")[1]) for name in tensors if name.startswith("blk."))
-    groups = [group for i in range(layers) for group in
-              ([f"blk.{i}.attn_q.weight", f"blk.{i}.attn_k.weight", f"blk.{i}.attn_v.weight"], [f"blk.{i}.attn_output.weight"],
-               [f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"], [f"blk.{i}.ffn_down.weight"])]
+    groups = [names for i in range(layers) for _, names in ggml.layer_linears(i)]
     groups.append(["output.weight" if "output.weight" in tensors else "token_embd.weight"])
     handles = []
     for group in groups:

@@ -45,6 +45,17 @@ PERMUTED = {"llama"}
 _loaded: str | None = None  # the library's path once loaded in this process
 
 
+def layer_linears(i: int) -> list[tuple[str, list[str]]]:
+    """Layer i's products as the engine packs them: vLLM's module under
+    model.layers.i, and the GGUF tensors packed into it, in order (one ggml
+    tensor per run of one block type). The loader and bench.rows read this."""
+    b = f"blk.{i}"
+    return [("self_attn.qkv_proj", [f"{b}.attn_q.weight", f"{b}.attn_k.weight", f"{b}.attn_v.weight"]),
+            ("self_attn.o_proj", [f"{b}.attn_output.weight"]),
+            ("mlp.gate_up_proj", [f"{b}.ffn_gate.weight", f"{b}.ffn_up.weight"]),
+            ("mlp.down_proj", [f"{b}.ffn_down.weight"])]
+
+
 def library() -> Path:
     from termchat.vllm_ext import build
 
@@ -321,13 +332,11 @@ def register() -> bool:
 
         def run(self) -> None:
             c, layers = self.config, self.config.num_hidden_layers
-            heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+            rope_heads = {"attn_q": c.num_attention_heads, "attn_k": c.num_key_value_heads}  # llama's permuted rows
             for i in range(layers):
                 p, b = f"model.layers.{i}", f"blk.{i}"
-                self.linear(f"{p}.self_attn.qkv_proj", [f"{b}.attn_q.weight", f"{b}.attn_k.weight", f"{b}.attn_v.weight"], [heads, kv_heads, 0])
-                self.linear(f"{p}.self_attn.o_proj", [f"{b}.attn_output.weight"], [0])
-                self.linear(f"{p}.mlp.gate_up_proj", [f"{b}.ffn_gate.weight", f"{b}.ffn_up.weight"], [0, 0])
-                self.linear(f"{p}.mlp.down_proj", [f"{b}.ffn_down.weight"], [0])
+                for module, names in layer_linears(i):
+                    self.linear(f"{p}.{module}", names, [rope_heads.get(n.split(".")[2], 0) for n in names])
                 self.set_float(f"{p}.input_layernorm", "weight", self.floats(f"{b}.attn_norm.weight"))
                 self.set_float(f"{p}.post_attention_layernorm", "weight", self.floats(f"{b}.ffn_norm.weight"))
                 if self.kind == "qwen2":
