@@ -199,6 +199,24 @@ def test_greedy_verification_by_one_argmax_gives_vllms_verdict(rs, seed):
     assert len(meta.num_draft_tokens) <= taken <= sum(meta.num_draft_tokens) + len(meta.num_draft_tokens)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_greedy_verification_takes_the_first_of_tied_maxima_as_vllm_does(rs, seed):
+    """Rounded logits tie at their maximum in most rows (and a draft is often a later one
+    of the tied tokens): the fast path must pick the first, as vLLM's argmax does."""
+    from vllm.v1.sample.sampler import Sampler
+
+    vllm_plugin.greedy_verification()
+    forward = rs.RejectionSampler.forward
+    sampler = rs.RejectionSampler(Sampler())
+    meta, logits = verification_case(seed, drafts=[4, 0, 7])
+    logits = logits.round()
+    ties = (logits == logits.max(-1, keepdim=True).values).sum(-1)
+    assert (ties > 1).sum() >= logits.size(0) // 2  # the case is what it says
+    sampling = greedy_metadata(len(meta.num_draft_tokens))
+    fast = forward(sampler, meta, None, logits.clone(), sampling)
+    assert torch.equal(fast.sampled_token_ids, forward.vllm(sampler, meta, None, logits.clone(), sampling).sampled_token_ids)
+
+
 def test_greedy_verification_leaves_a_logit_bias_to_vllm(rs):
     """A request with a logit bias is greedy, yet its bonus token is the biased argmax: vLLM's
     sampler applies the bias, so the one-argmax path must not take that batch."""

@@ -602,6 +602,10 @@ def greedy_verification() -> bool:
     logit-bias or min-tokens processor; drafts without probabilities), the same verdict
     comes from the argmax of each row of the logits as they are: the rows vLLM would copy
     hold the same float32 values, and torch's argmax takes the first maximum either way.
+    The argmax is torch's max(dim).indices (also the first maximum, NaN included, and 2.7x
+    faster than argmax at 17 rows of the default's vocabulary), and vLLM's greedy kernel,
+    a shim of a Triton kernel on the CPU, becomes a loop over a few Python ints: 0.13 ->
+    0.04 ms with no drafts, 0.80 -> 0.28 ms at 16 drafts (bench README).
     Anything else goes to vLLM's path. Runs no torch work. False where there is nothing to do."""
     try:
         import torch
@@ -627,12 +631,21 @@ def greedy_verification() -> bool:
     def forward(self, metadata, draft_probs, logits, sampling_metadata):
         if not argmax_decides(self, draft_probs, sampling_metadata):
             return verify_forward(self, metadata, draft_probs, logits, sampling_metadata)
-        best = logits.argmax(dim=-1)
-        output = torch.full((len(metadata.num_draft_tokens), metadata.max_spec_len + 1), rejection_sampler.PLACEHOLDER_TOKEN_ID,
-                            dtype=torch.int32, device=logits.device)
-        rejection_sampler._rejection_greedy_sample(output, metadata.cu_num_draft_tokens, metadata.draft_token_ids,
-                                                   best[metadata.target_logits_indices], best[metadata.bonus_logits_indices],
-                                                   None, metadata.max_spec_len, None, None)
+        best = logits.max(dim=-1).indices.tolist()  # argmax's first maximum, at a third of its cost here
+        drafts, targets = metadata.draft_token_ids.tolist(), metadata.target_logits_indices.tolist()
+        bonus, width = metadata.bonus_logits_indices.tolist(), metadata.max_spec_len + 1
+        rows, start = [], 0
+        for request, count in enumerate(metadata.num_draft_tokens):  # vLLM's greedy kernel, on a few Python ints
+            row = []
+            for draft, at in zip(drafts[start:start + count], targets[start:start + count]):
+                row.append(best[at])
+                if draft != best[at]:
+                    break
+            else:
+                row.append(best[bonus[request]])
+            rows.append(row + [rejection_sampler.PLACEHOLDER_TOKEN_ID] * (width - len(row)))
+            start += count
+        output = torch.tensor(rows, dtype=torch.int32, device=logits.device)
         return SamplerOutput(sampled_token_ids=output, logprobs_tensors=None)
 
     forward.termchat_greedy = True
