@@ -137,7 +137,8 @@ async def test_test_runs_pytest_and_its_failure_summary_names_the_failing_test(p
     app = TermchatApp(start_engine=False, resume=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await command(pilot, "/test")
-        await wait_for(pilot, lambda: app.chat_screen.last_run is not None, timeout=60, what="pytest")
+        # the run is recorded by its worker before /test reads it: wait for the verdict itself
+        await wait_for(pilot, lambda: app.chat_screen.last_failure is not None, timeout=60, what="pytest's failure summary")
         command_run, summary = app.chat_screen.last_failure
         assert "pytest" in command_run
         assert "tests/test_calc.py::test_add" in summary and "two and three make five" in summary
