@@ -1,0 +1,52 @@
+"""bench.replay: suffix decoding replayed offline counts the real engine's steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from termchat.bench import replay
+from termchat.engine.client import Sampling, complete_sync
+
+# A reply that mostly copies its prompt: suffix decoding drafts long runs of it,
+# so a replay that judged drafts wrongly would be many steps off.
+COPY = (
+    "Repeat this list exactly, one item a line, then stop:\n"
+    "apples, pears, plums, cherries, lemons, limes, oranges, grapes, melons, figs, dates, kiwis"
+)
+
+
+def test_the_replay_takes_the_steps_the_speculative_engine_took(shared_engine):
+    messages = [{"role": "user", "content": COPY}]
+    stream = complete_sync(shared_engine, messages, Sampling(temperature=0.0, max_tokens=80))
+    reply = [t for step in stream.steps for t in step.token_ids]
+    engine_steps = len(stream.steps) - 1  # the first token comes from the prompt's step
+    assert engine_steps < 0.7 * len(reply), "the engine's drafts were hardly accepted: this prompt tests nothing"
+    (steps,) = replay.replay([(replay.prompt_ids(messages), reply)], k=16)
+    assert all(0 <= accepted <= drafted <= 16 for drafted, accepted in steps)
+    # The shared engine's cache also holds the session's earlier replies, which may
+    # lend it a draft the replay's fresh cache lacks: a step or two either way.
+    assert abs(len(steps) - engine_steps) <= max(2, engine_steps // 10), (len(steps), engine_steps, [len(s.token_ids) for s in stream.steps])
+
+
+def test_a_draft_scored_below_the_floor_is_not_verified():
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+    reply = [7, 8, 9, 5, 6, 7, 8, 9, 1, 2]
+    (all_drafts,) = replay.replay([(prompt, reply)], k=8)
+    (none,) = replay.replay([(prompt, reply)], k=8, min_score=1000)
+    assert any(drafted for drafted, _ in all_drafts) and sum(a for _, a in all_drafts) > 0
+    assert none == [(0, 0)] * (len(reply) - 1)  # one token a step, as a plain engine
+    assert len(all_drafts) < len(none)
+
+
+def test_row_costs_interpolate_and_refuse_nonsense():
+    cost = replay.row_costs("1:1,3:1.4,17:3")
+    assert cost(1) == 1 and cost(2) == pytest.approx(1.2) and cost(17) == 3 and cost(40) == 3
+    for bad in ("2:1.2", "1:1,2:x", "1:1,2:-1", "1:1,2:nan", ""):
+        with pytest.raises(SystemExit):
+            replay.row_costs(bad)
+
+
+def test_summary_projects_tokens_over_the_steps_costs():
+    cost = replay.row_costs("1:1,2:1.5")
+    s = replay.summary([[(1, 1), (1, 0), (0, 0)]], cost)  # 2 + 1 + 1 tokens for 1.5 + 1.5 + 1 plain steps
+    assert s["speedup"] == pytest.approx(4 / 4.0) and s["tokens_per_step"] == pytest.approx(4 / 3) and s["acceptance"] == pytest.approx(0.5)
