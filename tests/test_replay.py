@@ -18,14 +18,21 @@ COPY = (
 def test_the_replay_takes_the_steps_the_speculative_engine_took(shared_engine):
     messages = [{"role": "user", "content": COPY}]
     stream = complete_sync(shared_engine, messages, Sampling(temperature=0.0, max_tokens=80))
+    stats = stream.stats
+    assert stats.acceptance_source == "server" and stats.accepted_tokens is not None, stats.unknown
     reply = [t for step in stream.steps for t in step.token_ids]
-    engine_steps = len(stream.steps) - 1  # the first token comes from the prompt's step
+    assert len(reply) == stats.output_tokens
+    # the engine's own counts (the stream may merge steps under load; these do not):
+    # each decode step gives one token and the drafts it accepts
+    engine_steps = stats.output_tokens - 1 - stats.accepted_tokens
     assert engine_steps < 0.7 * len(reply), "the engine's drafts were hardly accepted: this prompt tests nothing"
     (steps,) = replay.replay([(replay.prompt_ids(messages), reply)], k=16)
     assert all(0 <= accepted <= drafted <= 16 for drafted, accepted in steps)
     # The shared engine's cache also holds the session's earlier replies, which may
     # lend it a draft the replay's fresh cache lacks: a step or two either way.
-    assert abs(len(steps) - engine_steps) <= max(2, engine_steps // 10), (len(steps), engine_steps, [len(s.token_ids) for s in stream.steps])
+    close = max(2, engine_steps // 10)
+    assert abs(len(steps) - engine_steps) <= close, (len(steps), engine_steps, stats)
+    assert abs(sum(1 for drafted, _ in steps if drafted) - stats.spec_steps) <= close, (steps, stats)
 
 
 def test_a_draft_scored_below_the_floor_is_not_verified():
@@ -50,3 +57,13 @@ def test_summary_projects_tokens_over_the_steps_costs():
     cost = replay.row_costs("1:1,2:1.5")
     s = replay.summary([[(1, 1), (1, 0), (0, 0)]], cost)  # 2 + 1 + 1 tokens for 1.5 + 1.5 + 1 plain steps
     assert s["speedup"] == pytest.approx(4 / 4.0) and s["tokens_per_step"] == pytest.approx(4 / 3) and s["acceptance"] == pytest.approx(0.5)
+
+
+def test_ngram_replays_vllms_prompt_lookup():
+    # after "3 4" the prompt goes on "5 1 2": drafted, and the reply takes "5" only
+    (steps,) = replay.replay([([1, 2, 3, 4, 5, 1, 2, 3], [4, 5, 9])], k=3, method="ngram")
+    assert steps == [(3, 1)]
+    (steps,) = replay.replay([([1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9])], k=3, method="ngram")
+    assert steps == [(0, 0), (0, 0)]  # "3 7" and "7 8" are nowhere before: no draft
+    with pytest.raises(ValueError):
+        replay.replay([([1], [2])], k=1, method="eagle")

@@ -33,6 +33,8 @@ from pathlib import Path
 ROW_COSTS = "1:1,2:1.20,3:1.335,4:1.51,6:1.57,8:1.92,12:2.54,17:3.1"
 DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
 FACTOR, MIN_PROB = 1.0, 0.1  # vLLM's suffix_decoding_max_spec_factor and _min_token_prob
+NGRAM_MIN, NGRAM_MAX = 2, 5  # the built-in local-ngram's prompt_lookup_min and _max (profiles/speculation.py)
+MAX_MODEL_LEN = 4096  # the built-ins'
 
 
 def row_costs(text: str):
@@ -53,33 +55,47 @@ def row_costs(text: str):
     return cost
 
 
-def replay(pairs: list[tuple[list[int], list[int]]], k: int, min_score: float = 0.0) -> list[list[tuple[int, int]]]:
-    """For each (prompt ids, reply ids), in order through one cache: (drafted, accepted)
-    per decode step. The prefill's token comes first and is no step here; a draft the
-    cache scores below `min_score` (its tokens' estimated probabilities, summed) is dropped."""
+def replay(pairs: list[tuple[list[int], list[int]]], k: int, min_score: float = 0.0, method: str = "suffix") -> list[list[tuple[int, int]]]:
+    """For each (prompt ids, reply ids), in order: (drafted, accepted) per decode step.
+    The prefill's token comes first and is no step here. `suffix`: one cache for all
+    replies, as in one engine, and a draft the cache scores below `min_score` (its
+    tokens' estimated probabilities, summed) is dropped. `ngram`: vLLM's prompt lookup
+    with the built-in's n-grams of 2 to 5 tokens, over the request's own tokens."""
     import numpy as np
-    from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    cache = SuffixDecodingCache(max_tree_depth=DEPTH, max_cached_requests=10000)  # vLLM's default cache size
+    if method == "suffix":
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        cache = SuffixDecodingCache(max_tree_depth=DEPTH, max_cached_requests=10000)  # vLLM's default cache size
+    elif method == "ngram":
+        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
+    else:
+        raise ValueError(f"no replay for {method!r}")
     out = []
     for n, (prompt, reply) in enumerate(pairs):
         steps: list[tuple[int, int]] = []
-        cache.start_request(n, np.array(prompt, dtype=np.int32))
         context = list(prompt) + reply[:1]
-        cache.add_active_response(n, reply[:1])
+        if method == "suffix":
+            cache.start_request(n, np.array(prompt, dtype=np.int32))
+            cache.add_active_response(n, reply[:1])
         pos = 1
         while pos < len(reply):
-            draft = cache.speculate(n, np.array(context[-DEPTH:], dtype=np.int32), max_spec_tokens=k, max_spec_factor=FACTOR, min_token_prob=MIN_PROB)
-            ids = draft.token_ids if draft.score >= min_score else []
+            if method == "suffix":
+                draft = cache.speculate(n, np.array(context[-DEPTH:], dtype=np.int32), max_spec_tokens=k, max_spec_factor=FACTOR, min_token_prob=MIN_PROB)
+                ids = draft.token_ids if draft.score >= min_score else []
+            else:
+                ids = [int(t) for t in lookup(np.array(context, dtype=np.int32), NGRAM_MIN, NGRAM_MAX, MAX_MODEL_LEN, k)]
             accepted = 0
             while accepted < len(ids) and pos + accepted < len(reply) and ids[accepted] == reply[pos + accepted]:
                 accepted += 1
             new = reply[pos : pos + accepted + 1]
-            cache.add_active_response(n, new)
+            if method == "suffix":
+                cache.add_active_response(n, new)
             context += new
             pos += len(new)
             steps.append((len(ids), accepted))
-        cache.stop_request(n)
+        if method == "suffix":
+            cache.stop_request(n)
         out.append(steps)
     return out
 
@@ -143,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m termchat.bench.replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("--categories", default="code,chat,extraction,edit")
     parser.add_argument("--max-tokens", type=int, default=128, help="per reply (edits: twice this)")
+    parser.add_argument("--methods", default="suffix,ngram", help="suffix and/or ngram (vLLM's prompt lookup, n-grams of 2-5)")
     parser.add_argument("--k", default="4,8,16", help="num_speculative_tokens to replay, comma-separated")
-    parser.add_argument("--min-score", default="0,1", help="drop drafts scored below each of these (0: vLLM's suffix decoding)")
+    parser.add_argument("--min-score", default="0,1", help="suffix: drop drafts scored below each of these (0: vLLM's suffix decoding)")
     parser.add_argument("--row-costs", default=ROW_COSTS, help=f"rows:cost in plain steps (default, measured: {ROW_COSTS})")
     args = parser.parse_args(argv)
     cost = row_costs(args.row_costs)
@@ -155,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--k takes integers and --min-score numbers, comma-separated")
     if not all(1 <= k <= 64 for k in ks) or not all(0 <= s <= 64 and math.isfinite(s) for s in scores) or not 1 <= args.max_tokens <= 2048:
         parser.error("--k is 1 to 64, --min-score 0 to 64 and --max-tokens 1 to 2048")
+    methods = [m.strip() for m in args.methods.split(",")]
+    if not methods or any(m not in ("suffix", "ngram") for m in methods):
+        parser.error("--methods takes suffix and/or ngram")
     categories = [c.strip() for c in args.categories.split(",")]
     print(machine_line(), flush=True)
     try:
@@ -164,19 +184,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     flat = [p for c in categories for p in pairs[c]]
     print(f"\nreplies: {len(flat)} from `local-plain` at T=0; costs (rows: plain steps) {args.row_costs}\n")
-    print("| k | min score | " + " | ".join(categories) + " | geometric mean |")
-    print("|---|---|" + "---|" * (len(categories) + 1))
-    for k in ks:
-        for score in scores:
-            steps = replay(flat, k, score)  # one cache for every reply, in the categories' order, as in one engine
-            at, row = 0, []
-            for c in categories:
-                s = summary(steps[at : at + len(pairs[c])], cost)
-                at += len(pairs[c])
-                row.append(s)
-            geo = math.exp(sum(math.log(s["speedup"]) for s in row) / len(row))
-            cells = [f"{s['speedup']:.3f}x ({s['tokens_per_step']:.2f} a step, {s['acceptance']:.2f})" for s in row]
-            print(f"| {k} | {score:g} | " + " | ".join(cells) + f" | {geo:.3f}x |", flush=True)
+    print("| method | k | min score | " + " | ".join(categories) + " | geometric mean |")
+    print("|---|---|---|" + "---|" * (len(categories) + 1))
+    for method, k, score in [(m, k, s) for m in methods for k in ks for s in (scores if m == "suffix" else [0.0])]:
+        steps = replay(flat, k, score, method)  # in the categories' order, as in one engine
+        at, row = 0, []
+        for c in categories:
+            s = summary(steps[at : at + len(pairs[c])], cost)
+            at += len(pairs[c])
+            row.append(s)
+        geo = math.exp(sum(math.log(s["speedup"]) for s in row) / len(row))
+        cells = [f"{s['speedup']:.3f}x ({s['tokens_per_step']:.2f} a step, {s['acceptance']:.2f})" for s in row]
+        print(f"| {method} | {k} | {score:g} | " + " | ".join(cells) + f" | {geo:.3f}x |", flush=True)
     print("\neach cell: projected speed-up over a plain engine (tokens per step, drafted tokens accepted)")
     return 0
 
