@@ -51,7 +51,7 @@ def test_a_draft_scored_below_the_floor_is_not_verified():
 def test_row_costs_interpolate_and_refuse_nonsense():
     cost = replay.row_costs("1:1,3:1.4,17:3")
     assert cost(1) == 1 and cost(2) == pytest.approx(1.2) and cost(17) == 3 and cost(40) == 3
-    for bad in ("2:1.2", "1:1,2:x", "1:1,2:-1", "1:1,2:nan", ""):
+    for bad in ("2:1.2", "1:1,2:x", "1:1,2:-1", "1:1,2:nan", "1:1,1:2", ""):
         with pytest.raises(SystemExit):
             replay.row_costs(bad)
 

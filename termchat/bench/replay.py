@@ -1,6 +1,7 @@
-"""Suffix decoding replayed on an engine's own greedy replies: exact steps, no timing noise.
+"""Speculation replayed on an engine's own greedy replies: exact steps, no timing noise.
 
-    python -m termchat.bench.replay [--categories code,chat,extraction,edit] [--k 4,8,16] [--min-score 0,1]
+    python -m termchat.bench.replay [--categories code,chat,extraction,edit] [--methods suffix,ngram]
+                                    [--k 4,8,16] [--min-score 0,1] [--row-costs 1:1,2:1.2,...]
 
 A speculative engine's speed is its tokens per step over what a step costs.
 End to end, both move with the host (the same prompts drift by 10-30% from one
@@ -8,11 +9,12 @@ run to the next here), so a setting worth a few percent cannot be seen. This
 splits the two:
 
 - Tokens per step, exactly. A plain engine writes each prompt's greedy reply
-  once (the token ids it streams). Then suffix decoding, Arctic Inference's
-  cache called as vLLM calls it, is replayed over the replies in order, one
-  cache for all as in one engine: each step's draft, how much of it the reply
-  accepts, the next step. The replay counts the steps of the real speculative
-  engine to within 1-2 a reply (bench README, "Speculation replayed").
+  once (the token ids it streams). Then the drafts are replayed over the
+  replies in order: suffix decoding through Arctic Inference's cache called as
+  vLLM calls it, one cache for all as in one engine, or ngram through vLLM's
+  own prompt lookup. Each step's draft, how much of it the reply accepts, the
+  next step. The replay counts the real engines' steps to within 1-2 a reply
+  for suffix and 0-5 for ngram (bench README, "Speculation replayed").
 - What a step costs, from `--row-costs`: a verification step of n rows
   (the last token and n-1 drafts) in plain steps, measured in the engine.
 
@@ -43,8 +45,8 @@ def row_costs(text: str):
         points = sorted((int(a), float(b)) for a, b in (item.split(":") for item in text.split(",")))
     except ValueError:
         raise SystemExit(f"--row-costs: {text!r} is not rows:cost,rows:cost,... (e.g. {ROW_COSTS})") from None
-    if not points or points[0][0] != 1 or any(c <= 0 or not math.isfinite(c) for _, c in points):
-        raise SystemExit("--row-costs: start at 1 row, with positive costs")
+    if not points or points[0][0] != 1 or len({r for r, _ in points}) < len(points) or any(c <= 0 or not math.isfinite(c) for _, c in points):
+        raise SystemExit("--row-costs: start at 1 row, each row count once, with positive costs")
 
     def cost(rows: int) -> float:
         for (a, ca), (b, cb) in zip(points, points[1:]):
