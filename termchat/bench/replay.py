@@ -30,6 +30,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 # rows -> cost in 1-row steps: one `local` engine's steps on the AVX-512 Xeon, timed
 # by row count (bench README, "Speculation replayed"; 17 rows extrapolated); linear between
 ROW_COSTS = "1:1,2:1.20,3:1.335,4:1.51,6:1.57,8:1.92,12:2.54,17:3.1"
@@ -57,47 +59,77 @@ def row_costs(text: str):
     return cost
 
 
+class _Suffix:
+    """vLLM's suffix decoding: one Arctic Inference cache for every reply, as in one engine."""
+
+    def __init__(self, k: int, min_score: float):
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.k, self.min_score = k, min_score
+        self.cache = SuffixDecodingCache(max_tree_depth=DEPTH, max_cached_requests=10000)  # vLLM's default cache size
+
+    def start(self, n: int, prompt: list[int], first: list[int]) -> None:
+        self.cache.start_request(n, np.array(prompt, dtype=np.int32))
+        self.cache.add_active_response(n, first)
+
+    def propose(self, n: int, context: list[int]) -> list[int]:
+        draft = self.cache.speculate(n, np.array(context[-DEPTH:], dtype=np.int32), max_spec_tokens=self.k, max_spec_factor=FACTOR, min_token_prob=MIN_PROB)
+        return draft.token_ids if draft.score >= self.min_score else []
+
+    def accept(self, n: int, new: list[int]) -> None:
+        self.cache.add_active_response(n, new)
+
+    def stop(self, n: int) -> None:
+        self.cache.stop_request(n)
+
+
+class _Ngram:
+    """vLLM's prompt lookup over the request's own tokens, with the built-in's n-grams of 2 to 5."""
+
+    def __init__(self, k: int):
+        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
+
+        self.k, self.lookup = k, _find_longest_matched_ngram_and_propose_tokens
+
+    def start(self, n: int, prompt: list[int], first: list[int]) -> None:
+        pass
+
+    def propose(self, n: int, context: list[int]) -> list[int]:
+        return [int(t) for t in self.lookup(np.array(context, dtype=np.int32), NGRAM_MIN, NGRAM_MAX, MAX_MODEL_LEN, self.k)]
+
+    def accept(self, n: int, new: list[int]) -> None:
+        pass
+
+    def stop(self, n: int) -> None:
+        pass
+
+
 def replay(pairs: list[tuple[list[int], list[int]]], k: int, min_score: float = 0.0, method: str = "suffix") -> list[list[tuple[int, int]]]:
     """For each (prompt ids, reply ids), in order: (drafted, accepted) per decode step.
     The prefill's token comes first and is no step here. `suffix`: one cache for all
     replies, as in one engine, and a draft the cache scores below `min_score` (its
     tokens' estimated probabilities, summed) is dropped. `ngram`: vLLM's prompt lookup
     with the built-in's n-grams of 2 to 5 tokens, over the request's own tokens."""
-    import numpy as np
-
-    if method == "suffix":
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
-
-        cache = SuffixDecodingCache(max_tree_depth=DEPTH, max_cached_requests=10000)  # vLLM's default cache size
-    elif method == "ngram":
-        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
-    else:
+    if method not in ("suffix", "ngram"):
         raise ValueError(f"no replay for {method!r}")
+    proposer = _Suffix(k, min_score) if method == "suffix" else _Ngram(k)
     out = []
     for n, (prompt, reply) in enumerate(pairs):
         steps: list[tuple[int, int]] = []
         context = list(prompt) + reply[:1]
-        if method == "suffix":
-            cache.start_request(n, np.array(prompt, dtype=np.int32))
-            cache.add_active_response(n, reply[:1])
+        proposer.start(n, prompt, reply[:1])
         pos = 1
         while pos < len(reply):
-            if method == "suffix":
-                draft = cache.speculate(n, np.array(context[-DEPTH:], dtype=np.int32), max_spec_tokens=k, max_spec_factor=FACTOR, min_token_prob=MIN_PROB)
-                ids = draft.token_ids if draft.score >= min_score else []
-            else:
-                ids = [int(t) for t in lookup(np.array(context, dtype=np.int32), NGRAM_MIN, NGRAM_MAX, MAX_MODEL_LEN, k)]
+            ids = proposer.propose(n, context)
             accepted = 0
             while accepted < len(ids) and pos + accepted < len(reply) and ids[accepted] == reply[pos + accepted]:
                 accepted += 1
             new = reply[pos : pos + accepted + 1]
-            if method == "suffix":
-                cache.add_active_response(n, new)
+            proposer.accept(n, new)
             context += new
             pos += len(new)
             steps.append((len(ids), accepted))
-        if method == "suffix":
-            cache.stop_request(n)
+        proposer.stop(n)
         out.append(steps)
     return out
 
@@ -132,9 +164,8 @@ def greedy_replies(categories: list[str], max_tokens: int) -> dict[str, list[tup
     """(prompt ids, reply ids) per category, from one plain engine of the default at T=0,
     with the sampling the built-in profile sends (its text guard included)."""
     from termchat.bench.prompt_sets import builtin
-    from termchat.bench.runner import Progress, _start
-    from termchat.detect.classify import temperature_for
-    from termchat.engine.client import Sampling, complete_sync
+    from termchat.bench.runner import Progress, _start, request
+    from termchat.engine.client import complete_sync
     from termchat.profiles import builtin_profiles
 
     profile = builtin_profiles()["local-plain"]
@@ -143,10 +174,8 @@ def greedy_replies(categories: list[str], max_tokens: int) -> dict[str, list[tup
     pairs: dict[str, list[tuple[list[int], list[int]]]] = {c: [] for c in categories}
     try:
         for prompt in prompts:
-            _, detected = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
-            messages = [{"role": "system", "content": profile.system_prompt}, {"role": "user", "content": prompt.text}]
             limit = 2 * max_tokens if prompt.category == "edit" else max_tokens  # an edit's reply is the whole code again
-            sampling = Sampling(temperature=0.0, **(profile.sampling(guard=profile.guard(detected.kind)) | {"max_tokens": limit}))
+            messages, sampling = request(profile, prompt, limit, temperature=0.0)
             stream = complete_sync(engine, messages, sampling)
             pairs[prompt.category].append((prompt_ids(messages), [t for step in stream.steps for t in step.token_ids]))
     finally:

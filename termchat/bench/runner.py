@@ -73,17 +73,26 @@ def _seed(prompt: BenchPrompt, run: int) -> int:
     return zlib.crc32(f"{prompt.id}:{run}".encode()) & 0x7FFFFFFF
 
 
+def request(profile: Profile, prompt: BenchPrompt, max_tokens: int, temperature: float | None = None, run: int = 0) -> tuple[list[dict], Sampling]:
+    """What the bench sends for a prompt: the profile's system prompt, its temperature
+    for the prompt's kind (or `temperature`), its sampling with the text guard, a seed
+    per prompt and run, and log-probabilities at T > 0 (the report checks from them
+    that speculation sampled what the model samples without it)."""
+    value, detected = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
+    if temperature is not None:
+        value = temperature
+    system = [{"role": "system", "content": profile.system_prompt}] if profile.system_prompt else []
+    sampling = Sampling(temperature=value, **(profile.sampling(guard=profile.guard(detected.kind)) | {"max_tokens": max_tokens, "seed": _seed(prompt, run)}),
+                        logprobs=value > 0, top_logprobs=TOP_LOGPROBS if value > 0 else 0)
+    return system + [{"role": "user", "content": prompt.text}], sampling
+
+
 def _requests(engine, profile: Profile, prompts: list[BenchPrompt], runs: int, max_tokens: int, temperature: float | None, speculative: bool, progress: Progress, label: str) -> list[Sample]:
     samples = []
-    system = [{"role": "system", "content": profile.system_prompt}] if profile.system_prompt else []
     for prompt in prompts:
-        value, detected = temperature_for(prompt.text, profile.temperature, profile.code_temperature)
-        if temperature is not None:
-            value = temperature
         for run in range(runs):
             started = time.monotonic()
-            # log-probabilities at T > 0: the report checks from them that speculation sampled what the model samples without it
-            stream = complete_sync(engine, system + [{"role": "user", "content": prompt.text}], Sampling(temperature=value, **(profile.sampling(guard=profile.guard(detected.kind)) | {"max_tokens": max_tokens, "seed": _seed(prompt, run)}), logprobs=value > 0, top_logprobs=TOP_LOGPROBS if value > 0 else 0))
+            stream = complete_sync(engine, *request(profile, prompt, max_tokens, temperature, run))
             stats = stream.stats
             progress.request(time.monotonic() - started, f"{label} {prompt.id}")
             if not stats.decode_tokens_per_s:
