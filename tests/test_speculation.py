@@ -108,13 +108,20 @@ def test_a_compiled_engine_starts_from_vllms_compile_cache_and_answers_as_an_eag
     must load vLLM's compile cache, which vLLM 0.32 wrote on the CPU but could
     not read (every compiled start compiled again for 80-100 s; the plugin's
     load_cpu_compile_cache mends it), and what was loaded must answer as the
-    eager engine does at T=0."""
+    eager engine does at T=0. So must the same profile with vLLM's own attention
+    ops (the one-call attention off), which inductor's C++ wrapper cannot compile:
+    attention.python_ops_keep_the_python_wrapper compiles it with the Python one."""
     from termchat.engine.process import COMPILING, LOADED_COMPILED
 
     profile = replace(builtin_profiles()["local"].without_speculation(), name="compiled-again")
     assert "enforce_eager" not in profile.engine_args
+    assert profile.engine_args["compilation_config"]["inductor_compile_config"]["cpp_wrapper"]
+    # with vLLM's own attention ops in the graph (the one-call attention off), inductor's C++ wrapper
+    # cannot compile the model ("arg type PyObject is not yet supported"); the engine did not start
+    vllm_attention = replace(profile, name="compiled-vllm-attention", env={**profile.env, "TERMCHAT_FAST_ATTENTION": "0"})
     replies = {}
-    for label, variant in (("compiled", profile), ("eager", replace(profile, name="eager", engine_args={**profile.engine_args, "enforce_eager": True}))):
+    variants = (("compiled", profile), ("vllm-attention", vllm_attention), ("eager", replace(profile, name="eager", engine_args={**profile.engine_args, "enforce_eager": True})))
+    for label, variant in variants:
         engine = open_engine(variant, attach=False)
         try:
             log = engine.log_path.read_text(errors="replace")
@@ -125,9 +132,12 @@ def test_a_compiled_engine_starts_from_vllms_compile_cache_and_answers_as_an_eag
             assert COMPILING in log and LOADED_COMPILED in log and "load failure" not in log, log[-3000:]
             # vllm_plugin.short_compiled_warm_up: 16 dummy tokens load the graph, not vLLM's 2048-token profile run
             assert "Warming up model for the compilation on 16 tokens" in log and "Warming up model for the compilation..." not in log, log[-3000:]
+            assert "C++ wrapper is off" not in log
+        elif label == "vllm-attention":
+            assert COMPILING in log and "termchat_attn" not in log and "C++ wrapper is off for this model" in log, log[-3000:]
         else:
             assert COMPILING not in log
-    assert replies["compiled"] == replies["eager"]
+    assert replies["compiled"] == replies["eager"] == replies["vllm-attention"]
 
 
 @pytest.mark.parametrize("method", ["suffix", "ngram"])

@@ -257,7 +257,9 @@ def _cpu_engine() -> dict:
         weights="auto",  # the fastest format that passes the quality guard here (engine/weights.py)
         # inductor's C++ wrapper: the compiled graph calls its kernels and ops from C++, not from a
         # generated Python function; plain steps 0.25-0.7 ms shorter, the same text (bench README,
-        # "Inductor's C++ wrapper, on a quiet host"); a first start compiles ~25 s longer
+        # "Inductor's C++ wrapper, on a quiet host"); a first start compiles ~25 s longer. It cannot call
+        # vLLM's own attention ops: a model with a layer termchat_attn does not run compiles with the
+        # Python wrapper instead (vllm_ext/attention.python_ops_keep_the_python_wrapper)
         engine_args={"distributed_executor_backend": "uni", "kv_cache_memory_bytes": KV_CACHE_BYTES,
                      "compilation_config": {"inductor_compile_config": {"cpp_wrapper": True}}},
         # VLLM_CPU_ATTN_SPLIT_KV=0: vLLM's CPU attention splits one decode query's KV cache over the

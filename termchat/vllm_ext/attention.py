@@ -148,3 +148,32 @@ def install() -> bool:
     GPUModelRunner._model_forward = _model_forward
     _installed = True
     return True
+
+
+def python_ops_keep_the_python_wrapper(warn) -> None:
+    """A layer that runs vLLM's own attention ops turns inductor's C++ wrapper off
+    for its model, before the model is compiled.
+
+    The built-in CPU profiles compile with the C++ wrapper (`cpp_wrapper`, 0.3-0.7
+    ms a step faster: bench README). It cannot call vLLM's Python attention ops
+    ("arg type PyObject is not yet supported by custom_op_wrapper"), so a model
+    with such a layer failed to compile and the engine did not start: with the
+    one-call attention off (TERMCHAT_FAST_ATTENTION=0), without the built
+    operator, or with a layer attend() does not cover. Such a model now compiles
+    with the Python wrapper. The compiled model's cache key follows the setting.
+    `warn(message)` says so once."""
+    from vllm.config import get_current_vllm_config
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    original_init = Attention.__init__
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        if getattr(self, "termchat_index", None) is not None:  # attend() runs it: no Python op in the graph
+            return
+        inductor = get_current_vllm_config().compilation_config.inductor_compile_config
+        if inductor.pop("cpp_wrapper", False):
+            warn(f"termchat: inductor's C++ wrapper is off for this model: layer {getattr(self, 'layer_name', '?')} runs vLLM's "
+                 "Python attention ops, which it cannot call (the Python wrapper compiles it; steps 0.3-0.7 ms slower)")
+
+    Attention.__init__ = __init__

@@ -727,6 +727,12 @@ def register() -> None:
     except Exception as exc:  # never stop vLLM from starting: its own attention ops stay
         logger.warning("termchat: could not install the one-call attention (%s: %s)", type(exc).__name__, exc)
     try:
+        from termchat.vllm_ext import attention
+
+        attention.python_ops_keep_the_python_wrapper(logger.warning)
+    except Exception as exc:  # never stop vLLM from starting: a compile with the C++ wrapper may then fail, as before
+        logger.warning("termchat: could not guard the C++ wrapper against vLLM's attention ops (%s: %s)", type(exc).__name__, exc)
+    try:
         broken = defective_fallbacks()
     except Exception as exc:  # never stop vLLM from starting; say why nothing was checked
         logger.warning("termchat: could not self-check the CPU sampling kernels (%s: %s)", type(exc).__name__, exc)
