@@ -39,6 +39,7 @@ DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
 FACTOR, MIN_PROB = 1.0, 0.1  # vLLM's suffix_decoding_max_spec_factor and _min_token_prob
 NGRAM_MIN, NGRAM_MAX = 2, 5  # the built-in local-ngram's prompt_lookup_min and _max (profiles/speculation.py)
 MAX_MODEL_LEN = 4096  # the built-ins'
+METHODS = ("suffix", "ngram")
 
 
 def row_costs(text: str):
@@ -110,7 +111,7 @@ def replay(pairs: list[tuple[list[int], list[int]]], k: int, min_score: float = 
     replies, as in one engine, and a draft the cache scores below `min_score` (its
     tokens' estimated probabilities, summed) is dropped. `ngram`: vLLM's prompt lookup
     with the built-in's n-grams of 2 to 5 tokens, over the request's own tokens."""
-    if method not in ("suffix", "ngram"):
+    if method not in METHODS:
         raise ValueError(f"no replay for {method!r}")
     proposer = _Suffix(k, min_score) if method == "suffix" else _Ngram(k)
     out = []
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if not all(1 <= k <= 64 for k in ks) or not all(0 <= s <= 64 and math.isfinite(s) for s in scores) or not 1 <= args.max_tokens <= 2048:
         parser.error("--k is 1 to 64, --min-score 0 to 64 and --max-tokens 1 to 2048")
     methods = [m.strip() for m in args.methods.split(",")]
-    if not methods or any(m not in ("suffix", "ngram") for m in methods):
+    if not methods or any(m not in METHODS for m in methods):
         parser.error("--methods takes suffix and/or ngram")
     categories = [c.strip() for c in args.categories.split(",")]
     print(machine_line(), flush=True)

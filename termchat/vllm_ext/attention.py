@@ -161,7 +161,8 @@ def python_ops_keep_the_python_wrapper(warn) -> None:
     one-call attention off (TERMCHAT_FAST_ATTENTION=0), without the built
     operator, or with a layer attend() does not cover. Such a model now compiles
     with the Python wrapper. The compiled model's cache key follows the setting.
-    `warn(message)` says so once."""
+    `warn(message)` says so once. It asks at layer-build time whether install()
+    ran, so the two may be installed in either order."""
     from vllm.config import get_current_vllm_config
     from vllm.model_executor.layers.attention.attention import Attention
 
@@ -169,7 +170,7 @@ def python_ops_keep_the_python_wrapper(warn) -> None:
 
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        if getattr(self, "termchat_index", None) is not None:  # attend() runs it: no Python op in the graph
+        if _installed and eligible(self):  # attend() runs it (install()'s own test): no Python op in the graph
             return
         inductor = get_current_vllm_config().compilation_config.inductor_compile_config
         if inductor.pop("cpp_wrapper", False):
