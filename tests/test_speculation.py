@@ -102,6 +102,27 @@ def test_greedy_output_is_identical_with_and_without_speculation(shared_engine, 
                         f"  a fresh plain engine: {third!r}\n{engine_logs()}")
 
 
+def test_a_plain_engine_streams_chunks_of_several_tokens_that_hold_the_same_reply(nospec_engine):
+    """Without speculation, once the engine's speed is known, a reply comes in chunks
+    of several tokens (vLLM's per-request stream_interval, client.chunk_tokens): the
+    same tokens and text as one token a chunk, a log-probability for each, and
+    every token counted as a step."""
+    messages = [{"role": "user", "content": "Count from 1 to 30, separated by commas."}]
+    greedy = Sampling(temperature=0.0, max_tokens=48, logprobs=True)
+    nospec_engine.decode_rate = None  # not measured: one token a chunk
+    one = complete_sync(nospec_engine, messages, greedy)
+    ids = [t for s in one.steps for t in s.token_ids]
+    assert one.chunk_tokens == 1 and [len(s.token_ids) for s in one.steps] == [1] * len(ids) and len(ids) >= 30
+    assert nospec_engine.decode_rate == one.stats.decode_tokens_per_s > 0  # measured by that reply
+    nospec_engine.decode_rate = 100.0  # 5 tokens in client.CHUNK_S
+    chunked = complete_sync(nospec_engine, messages, greedy)
+    sizes = [len(s.token_ids) for s in chunked.steps]
+    assert chunked.chunk_tokens == 5 and sizes[0] == 1 and min(sizes[1:-1]) >= 5, sizes  # the first token comes alone
+    assert [t for s in chunked.steps for t in s.token_ids] == ids and chunked.text == one.text
+    assert len(chunked.token_logprobs) == len(ids) and chunked.token_logprobs == pytest.approx(one.token_logprobs, abs=1e-4)
+    assert chunked.stats.steps == chunked.stats.output_tokens == len(ids)
+
+
 def test_a_compiled_engine_starts_from_vllms_compile_cache_and_answers_as_an_eager_one(nospec_engine):
     """The built-in profiles are compiled (torch.compile). nospec_engine compiled
     `local`'s settings without speculation, or loaded them; starting them again

@@ -1,8 +1,9 @@
 """The one streaming client, for managed and remote servers alike.
 
-`ChatStream` posts a streamed chat completion and yields one `Step` per engine
-step (text delta, token ids, arrival time); when it is exhausted, `stats`
-holds the reply's statistics. Breaking out of the loop (or cancelling the
+`ChatStream` posts a streamed chat completion and yields one `Step` per chunk
+(text delta, token ids, arrival time): one engine step each where step sizes
+carry the figures (speculation), a few tokens each elsewhere (`chunk_tokens`);
+when it is exhausted, `stats` holds the reply's statistics. Breaking out of the loop (or cancelling the
 task) closes the connection, and vLLM aborts the request.
 """
 
@@ -35,6 +36,26 @@ class ReplyInterrupted(EngineError):
 
 class LineTooLong(ValueError):
     """A server sent a line longer than SSELines.limit (no SSE event is that long)."""
+
+
+# An engine of termchat's without speculation streams chunks of several tokens (vLLM's
+# per-request `stream_interval`; the first token still comes alone). Each chunk wakes vLLM's
+# API server and this client, and on a 2-core machine their work lands on an engine thread
+# at the start of the next step: 0.8 ms of a 9.6 ms step, measured (bench README, "The
+# stream's chunks"). A chunk holds what the engine decodes in CHUNK_S at its last measured
+# speed, at most MAX_CHUNK_TOKENS, so text still arrives 20 times a second or more. One
+# token a chunk with speculation (the live tokens per step and the draft tint read step
+# sizes), before a first measured reply, and for remote servers (not all take the field).
+CHUNK_S = 0.05
+MAX_CHUNK_TOKENS = 8
+
+
+def chunk_tokens(engine: Engine) -> int:
+    """Tokens a streamed chunk holds for this engine's next reply (1: every step)."""
+    p = engine.profile
+    if p.is_remote or p.speculative is not None or not engine.decode_rate:
+        return 1
+    return max(1, min(MAX_CHUNK_TOKENS, int(engine.decode_rate * CHUNK_S)))
 
 
 MAX_LINE = limits.LINE  # characters: a chunk of vLLM's is a few hundred, with 20 top log-probabilities a few thousand
@@ -128,11 +149,15 @@ class ChatStream:
     token_top: list[list[float]] = field(default_factory=list)
     stats: ReplyStats | None = None
     started: float | None = None  # when the request was sent
+    chunk_tokens: int = 0  # tokens a chunk holds (0: chosen from the engine, chunk_tokens())
+
+    def __post_init__(self) -> None:
+        self.chunk_tokens = self.chunk_tokens or chunk_tokens(self.engine)
 
     def live_stats(self, finish_reason: str | None = None) -> ReplyStats:
         """The figures of what has arrived so far, from step sizes: while the
         reply streams, and for a cut or broken one."""
-        return stats_mod.from_steps(self.steps, self.started or time.monotonic(), self.engine.profile.speculative, self.sampling.temperature, finish_reason)
+        return stats_mod.from_steps(self.steps, self.started or time.monotonic(), self.engine.profile.speculative, self.sampling.temperature, finish_reason, self.chunk_tokens)
 
     def body(self) -> dict:
         body = {
@@ -145,6 +170,8 @@ class ChatStream:
             "return_token_ids": True,
             "stream_options": {"include_usage": True},
         }
+        if self.chunk_tokens > 1:
+            body["stream_interval"] = self.chunk_tokens
         for name in Sampling.OPTIONAL:
             if getattr(self.sampling, name) is not None:
                 body[name] = getattr(self.sampling, name)
@@ -252,9 +279,13 @@ class ChatStream:
             self.sampling.temperature,
             finish,
             generation_ms,
+            self.chunk_tokens,
         )
+        if self.stats.decode_tokens_per_s and self.stats.output_tokens >= RATE_TOKENS:
+            self.engine.decode_rate = self.stats.decode_tokens_per_s
 
 
+RATE_TOKENS = 8  # a reply this long or longer measures the engine's speed for chunk_tokens()
 STALL_S = 120.0  # between two lines of a reply that has started
 
 

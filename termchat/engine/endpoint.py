@@ -55,6 +55,7 @@ class Engine:
     model_name: str
     state: EngineState = EngineState.READY
     has_counters: bool | None = field(default=None, repr=False, compare=False)  # /metrics with draft counters (server_counters); None: not asked yet
+    decode_rate: float | None = field(default=None, repr=False, compare=False)  # tok/s of its last reply (checked by stats.compute)
     _client: httpx.AsyncClient | None = field(default=None, init=False, repr=False, compare=False)
     _client_loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False, compare=False)
 

@@ -227,12 +227,15 @@ def compute(
     temperature: float | None = None,
     finish_reason: str | None = None,
     generation_ms: object = None,
+    chunk_tokens: int = 1,
 ) -> ReplyStats:
     """The statistics of one reply.
 
     k is the profile's num_speculative_tokens (None: no speculation).
     generation_ms is the server's own first-to-last-token time (vLLM's
-    per-request `generation_time_ms`), as it came: checked here."""
+    per-request `generation_time_ms`), as it came: checked here.
+    chunk_tokens > 1: the reply was asked for in chunks of that many tokens
+    (client.chunk_tokens, never with speculation), so each token was a step."""
     stats = ReplyStats(temperature=temperature, finish_reason=finish_reason)
     token_steps = [s for s in steps if s.token_ids]
     counted = sum(len(s.token_ids) for s in token_steps)
@@ -245,7 +248,7 @@ def compute(
     else:
         stats.output_tokens = len(steps)  # about one token a chunk: an estimate, and shown as one
         stats.tokens_estimated = bool(steps)
-    stats.steps = len(token_steps)
+    stats.steps = counted if chunk_tokens > 1 and k is None else len(token_steps)
     if timed:
         first, last = timed[0], timed[-1]
         stats.ttft_s = first.at - started
@@ -302,13 +305,13 @@ def compute(
     return stats
 
 
-def from_steps(steps: list[Step], started: float, speculation: Speculation | None, temperature: float | None = None, finish_reason: str | None = None) -> ReplyStats:
+def from_steps(steps: list[Step], started: float, speculation: Speculation | None, temperature: float | None = None, finish_reason: str | None = None, chunk_tokens: int = 1) -> ReplyStats:
     """Figures from step sizes alone: live while a reply streams, and for a
     cut or broken one (the server's exact figures come with the last chunk).
 
     Tokens per step are exact for every method; an acceptance rate needs the
     number of drafts proposed, which step sizes give only for fixed-k methods."""
-    stats = compute(steps, started, speculation.k if speculation else None, temperature=temperature, finish_reason=finish_reason)
+    stats = compute(steps, started, speculation.k if speculation else None, temperature=temperature, finish_reason=finish_reason, chunk_tokens=chunk_tokens)
     if speculation is not None and speculation.adaptive:
         stats.acceptance_rate = None
     return stats
