@@ -236,3 +236,53 @@ def test_greedy_verification_leaves_a_logit_bias_to_vllm(rs):
     bias.biases = {}  # idle again: the one-argmax path, and the bias no longer shows
     out = rs.RejectionSampler.forward(sampler, meta, None, logits.clone(), greedy_metadata(len(meta.num_draft_tokens), [bias]))
     assert out.sampled_token_ids[0, 0] == logits[0].argmax()
+
+
+def test_top_p_without_a_sort_removes_the_tokens_vllms_sorted_rule_removes():
+    """vllm_ext.top_p: the nucleus from topk, widening, against vLLM's sort, row by row.
+    Rows of 1-5, sharp and flat distributions (nuclei of 1 token to the whole vocabulary),
+    p from 0.005 to 0.995 and p = 1 (which removes only tokens of probability 0). vLLM's
+    softmax over sorted logits rounds its normaliser differently, so a token whose running
+    sum lies within float32's step of 1 - p may fall either way, and of two tokens with one
+    logit across the cut either may stay: only such tokens may differ."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    from termchat.vllm_ext.top_p import nucleus_mask
+
+    g = torch.Generator().manual_seed(0)
+    rows = differing = 0
+    for case in range(300):
+        logits = torch.randn(1 + case % 5, 49152, generator=g) * [0.5, 1, 2, 4, 8, 16][case % 6] / 0.7
+        p = torch.rand(logits.size(0), generator=g) * 0.99 + 0.005
+        p[0] = 1.0 if case % 7 == 0 else p[0]
+        vllm = apply_top_k_top_p_pytorch(logits.clone(), None, p) == -float("inf")
+        ours = nucleus_mask(logits, p)
+        rows += logits.size(0)
+        for row in (vllm != ours).any(dim=1).nonzero().flatten().tolist():
+            differing += 1
+            tokens = (vllm[row] != ours[row]).nonzero().flatten()
+            values = logits[row, tokens]
+            if len(tokens) == 2 and values[0] == values[1] and vllm[row, tokens].sum() == 1:
+                continue  # two tokens of one logit across the cut: vLLM's unstable sort keeps either
+            ordered, order = logits[row].sort()
+            running = ordered.softmax(-1).cumsum(-1)
+            assert ((running[torch.isin(order, tokens)] - (1 - p[row])).abs() <= 1.2e-7).all(), (case, row)  # a boundary token
+    assert rows == 900 and differing <= 3
+    assert (~nucleus_mask(torch.tensor([[0.0, 5.0, 1.0, 30.0]]), torch.tensor([0.5]))).tolist() == [[False, False, False, True]]
+    assert (~nucleus_mask(torch.tensor([[2.0, 2.1, -1.0, 1.9]]), torch.tensor([0.5]))).tolist() == [[True, True, False, False]]
+
+
+def test_top_p_without_a_sort_is_where_the_samplers_call_it(rs):
+    """Installed by the plugin: the CPU sampler and the rejection sampler (the plain and the
+    speculative path) call the one function; with top-k it is vLLM's own."""
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    from termchat.vllm_ext import top_p
+
+    top_p.install()
+    fast = topk_topp_sampler.apply_top_k_top_p
+    assert fast.termchat and rs.apply_top_k_top_p is fast
+    logits = torch.tensor([[0.0, 5.0, 1.0, 30.0], [1.0, 1.0, 1.0, 1.0]])
+    assert fast(logits.clone(), None, torch.tensor([0.5, 1.0])).isinf().tolist() == [[True, True, True, False], [False] * 4]
+    k = torch.tensor([2, 4])
+    assert torch.equal(fast(logits.clone(), k, torch.tensor([0.99, 0.5])), fast.vllm(logits.clone(), k, torch.tensor([0.99, 0.5])))

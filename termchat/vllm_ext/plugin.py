@@ -26,7 +26,8 @@ writes on the CPU but cannot read back. (short_compiled_warm_up): a compiled
 engine's warm-up without the 2048-token profiling pass it does not need, and
 (quick_compiled_load) its cached kernels loaded without torch's g++ probes.
 (attention.install): a CPU decoder layer's attention as one C++ call of
-vLLM's own kernels instead of two Python custom ops.
+vLLM's own kernels instead of two Python custom ops. (top_p.install): top-p's
+mask from the largest probabilities instead of a sort of the vocabulary.
 
 Nothing here imports the rest of termchat (but its siblings in vllm_ext, the
 quantizations it registers), and nothing runs at import time.
@@ -710,6 +711,14 @@ def register() -> None:
             logger.info("termchat: drafts at T=0 are verified by one argmax (greedy_verification)")
     except Exception as exc:  # never stop vLLM from starting: vLLM's rejection sampler verifies every draft
         logger.warning("termchat: could not install the greedy verification (%s: %s)", type(exc).__name__, exc)
+    try:
+        if os.environ.get("TERMCHAT_FAST_TOP_P", "1") != "0":
+            from termchat.vllm_ext import top_p  # torch and vLLM only
+
+            if top_p.install():
+                logger.info("termchat: top-p finds its tokens without sorting the vocabulary (top_p)")
+    except Exception as exc:  # never stop vLLM from starting: its sorting top-p stays
+        logger.warning("termchat: could not install the top-p without a sort (%s: %s)", type(exc).__name__, exc)
     try:
         if os.environ.get("TERMCHAT_ADAPTIVE_THREADS", "1") != "0":
             from termchat.vllm_ext import threads  # standard library and vLLM only
