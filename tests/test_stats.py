@@ -76,3 +76,24 @@ def test_a_reply_in_chunks_of_several_tokens_counts_each_token_as_a_step_without
     assert chunked.steps == chunked.output_tokens == 8 and chunked.tokens_per_step == 1.0
     assert chunked.acceptance_rate is None and chunked.mean_acceptance_length is None
 
+
+def test_a_reply_comes_in_chunks_only_from_a_measured_engine_of_termchats_without_speculation():
+    from dataclasses import replace
+
+    from termchat.engine.client import ChatStream, Sampling, chunk_tokens
+    from termchat.engine.endpoint import Engine
+    from termchat.profiles import builtin_profiles
+
+    local = builtin_profiles()["local"]
+    plain = Engine(local.without_speculation(), "http://127.0.0.1:1/v1", None, "m")
+    assert chunk_tokens(plain) == 1  # its speed is not known yet
+    for rate, tokens in ((10.0, 1), (39.0, 1), (40.0, 2), (100.0, 5), (250.0, 8), (5000.0, 8)):
+        plain.decode_rate = rate
+        assert chunk_tokens(plain) == tokens, rate  # what it decodes in 50 ms, at most 8
+    speculative = Engine(local, "http://127.0.0.1:1/v1", None, "m", decode_rate=500.0)
+    remote = Engine(replace(local.without_speculation(), endpoint="http://gpu:8000/v1"), "http://gpu:8000/v1", None, "m", decode_rate=500.0)
+    assert chunk_tokens(speculative) == 1 and chunk_tokens(remote) == 1
+    greedy = Sampling(temperature=0.0)
+    assert ChatStream(plain, [], greedy).body()["stream_interval"] == 8
+    assert "stream_interval" not in ChatStream(speculative, [], greedy).body()
+    assert "stream_interval" not in ChatStream(remote, [], greedy).body()

@@ -13,7 +13,7 @@ import asyncio
 import codecs
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -48,11 +48,6 @@ class LineTooLong(ValueError):
 # sizes), before a first measured reply, and for remote servers (not all take the field).
 CHUNK_S = 0.05
 MAX_CHUNK_TOKENS = 8
-# And once the first token is in, the client leaves the socket READ_PAUSE_S after each read:
-# the events that arrive meanwhile come in one read, one wake-up of this process for several
-# steps, each still its own event (step sizes intact). `local` (speculative, one step a
-# chunk): 1.032x and 1.036x decode, 50 of 80 prompts faster (bench README, "The stream's chunks").
-READ_PAUSE_S = 0.04
 
 
 def chunk_tokens(engine: Engine) -> int:
@@ -113,16 +108,11 @@ class SSELines:
         return [line] if line else []
 
 
-async def sse_lines(response: httpx.Response, pause: Callable[[], float] | None = None) -> AsyncIterator[str]:
-    """The stream's lines; after the lines of each read, `pause()` seconds before the next
-    (the events that arrive meanwhile come in one read)."""
+async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
     lines = SSELines()
     async for data in response.aiter_bytes():
         for line in lines.feed(data):
             yield line
-        wait = pause() if pause else 0.0
-        if wait > 0:
-            await asyncio.sleep(wait)
     for line in lines.close():
         yield line
 
@@ -163,11 +153,6 @@ class ChatStream:
 
     def __post_init__(self) -> None:
         self.chunk_tokens = self.chunk_tokens or chunk_tokens(self.engine)
-
-    def read_pause(self) -> float:
-        """How long to leave the socket before reading again: READ_PAUSE_S once the first
-        token is in, from an engine of termchat's (its cores are this client's)."""
-        return READ_PAUSE_S if self.steps and not self.engine.profile.is_remote else 0.0
 
     def live_stats(self, finish_reason: str | None = None) -> ReplyStats:
         """The figures of what has arrived so far, from step sizes: while the
@@ -223,7 +208,7 @@ class ChatStream:
                     except limits.Refused as exc:
                         detail = str(exc)
                     raise EngineError(_http_message(response.status_code, detail, self.engine))
-                lines = sse_lines(response, self.read_pause)
+                lines = sse_lines(response)
                 while True:
                     # measured from the request (then from the last token), not
                     # from the last line: comments and keep-alives (": ping")
