@@ -2,9 +2,10 @@
 
 `ChatStream` posts a streamed chat completion and yields one `Step` per chunk
 (text delta, token ids, arrival time): one engine step each where step sizes
-carry the figures (speculation), a few tokens each elsewhere (`chunk_tokens`);
-when it is exhausted, `stats` holds the reply's statistics. Breaking out of the loop (or cancelling the
-task) closes the connection, and vLLM aborts the request.
+carry the figures (speculation), a few tokens each elsewhere (`chunk_tokens`).
+When it is exhausted, `stats` holds the reply's statistics. Breaking out of
+the loop (or cancelling the task) closes the connection, and vLLM aborts the
+request.
 """
 
 from __future__ import annotations
