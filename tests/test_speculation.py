@@ -112,12 +112,13 @@ def test_a_plain_engine_streams_chunks_of_several_tokens_that_hold_the_same_repl
     nospec_engine.decode_rate = None  # not measured: one token a chunk
     one = complete_sync(nospec_engine, messages, greedy)
     ids = [t for s in one.steps for t in s.token_ids]
-    assert one.chunk_tokens == 1 and [len(s.token_ids) for s in one.steps] == [1] * len(ids) and len(ids) >= 30
+    # a token a chunk, but for the steps vLLM's API server merges when its reader lags (CI saw one of 3)
+    assert one.chunk_tokens == 1 and len(ids) >= 30 and len(one.steps) > len(ids) / 2
     assert nospec_engine.decode_rate == one.stats.decode_tokens_per_s > 0  # measured by that reply
     nospec_engine.decode_rate = 100.0  # 5 tokens in client.CHUNK_S
     chunked = complete_sync(nospec_engine, messages, greedy)
     sizes = [len(s.token_ids) for s in chunked.steps]
-    assert chunked.chunk_tokens == 5 and sizes[0] == 1 and min(sizes[1:-1]) >= 5, sizes  # the first token comes alone
+    assert chunked.chunk_tokens == 5 and min(sizes[1:-1]) >= 5 and len(sizes) <= len(ids) / 4 + 2, sizes  # the first and the last may be short
     assert [t for s in chunked.steps for t in s.token_ids] == ids and chunked.text == one.text
     assert len(chunked.token_logprobs) == len(ids) and chunked.token_logprobs == pytest.approx(one.token_logprobs, abs=1e-4)
     assert chunked.stats.steps == chunked.stats.output_tokens == len(ids)

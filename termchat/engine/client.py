@@ -52,11 +52,13 @@ MAX_CHUNK_TOKENS = 8
 
 
 def chunk_tokens(engine: Engine) -> int:
-    """Tokens a streamed chunk holds for this engine's next reply (1: every step)."""
-    p = engine.profile
-    if p.is_remote or p.speculative is not None or not engine.decode_rate:
+    """Tokens a streamed chunk holds for this engine's next reply (1: every step; also
+    for a stand-in without a profile, as tests build)."""
+    p = getattr(engine, "profile", None)
+    rate = getattr(engine, "decode_rate", None)
+    if p is None or p.is_remote or p.speculative is not None or not rate:
         return 1
-    return max(1, min(MAX_CHUNK_TOKENS, int(engine.decode_rate * CHUNK_S)))
+    return max(1, min(MAX_CHUNK_TOKENS, int(rate * CHUNK_S)))
 
 
 MAX_LINE = limits.LINE  # characters: a chunk of vLLM's is a few hundred, with 20 top log-probabilities a few thousand
