@@ -180,14 +180,14 @@ def greedy_metadata(batch: int, processors=()):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_greedy_verification_by_one_argmax_gives_vllms_verdict(rs, seed):
-    """plugin.greedy_verification: at T=0 with nothing that moves the argmax, the drafts'
+    """plugin.short_verification: at T=0 with nothing that moves the argmax, the drafts'
     verdict comes from the argmax of each row of the logits as they are; it must be the
     one vLLM's rejection sampler reaches through its copies and its full sampler."""
     from vllm.v1.sample.sampler import Sampler
 
-    vllm_plugin.greedy_verification()
+    vllm_plugin.short_verification()
     forward = rs.RejectionSampler.forward
-    assert forward.termchat_greedy
+    assert forward.termchat_short
     sampler = rs.RejectionSampler(Sampler())
     meta, logits = verification_case(seed)
     sampling = greedy_metadata(len(meta.num_draft_tokens))
@@ -205,7 +205,7 @@ def test_greedy_verification_takes_the_first_of_tied_maxima_as_vllm_does(rs, see
     of the tied tokens): the fast path must pick the first, as vLLM's argmax does."""
     from vllm.v1.sample.sampler import Sampler
 
-    vllm_plugin.greedy_verification()
+    vllm_plugin.short_verification()
     forward = rs.RejectionSampler.forward
     sampler = rs.RejectionSampler(Sampler())
     meta, logits = verification_case(seed, drafts=[4, 0, 7])
@@ -223,7 +223,7 @@ def test_greedy_verification_leaves_a_logit_bias_to_vllm(rs):
     from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor
     from vllm.v1.sample.sampler import Sampler
 
-    vllm_plugin.greedy_verification()
+    vllm_plugin.short_verification()
     sampler = rs.RejectionSampler(Sampler())
     meta, logits = verification_case(3, drafts=[0, 3, 2])  # the first request drafted nothing: its one token is the bonus
     favoured = int((logits[0].argmax() + 7) % logits.size(1))
@@ -236,6 +236,76 @@ def test_greedy_verification_leaves_a_logit_bias_to_vllm(rs):
     bias.biases = {}  # idle again: the one-argmax path, and the bias no longer shows
     out = rs.RejectionSampler.forward(sampler, meta, None, logits.clone(), greedy_metadata(len(meta.num_draft_tokens), [bias]))
     assert out.sampled_token_ids[0, 0] == logits[0].argmax()
+
+
+def sampled_metadata(batch: int, seed: int, logprobs: int | None):
+    """A mixed batch at T > 0: random rows with top-p, one greedy row, one seeded row."""
+    from vllm.v1.sample.logits_processor.state import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    g = torch.Generator().manual_seed(seed)
+    temperature = torch.rand(batch, generator=g) + 0.3
+    temperature[0] = 0.0  # greedy, in a batch that is not
+    top_p = torch.rand(batch, generator=g) * 0.5 + 0.5
+    zeros = torch.zeros(batch)
+    return SamplingMetadata(temperature=temperature, all_greedy=False, all_random=False, top_p=top_p, top_k=None,
+                            generators={batch - 1: torch.Generator().manual_seed(1000 + seed)}, max_num_logprobs=logprobs,
+                            no_penalties=True, prompt_token_ids=None, frequency_penalties=zeros, presence_penalties=zeros, repetition_penalties=zeros + 1,
+                            output_token_ids=[[] for _ in range(batch)], allowed_token_ids_mask=None, bad_words_token_ids={},
+                            logitsprocs=LogitsProcessors(()))
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+@pytest.mark.parametrize("seed", range(12))
+def test_a_step_without_drafts_samples_its_token_as_vllms_rejection_sampler_does(rs, seed, mode):
+    """plugin.short_verification at T > 0: a step whose requests drafted nothing takes its
+    one token from vLLM's sampler (predict_bonus_token) without the rejection sampler's
+    noise for recovered tokens. Same tokens as vLLM's path, for unseeded rows (the same
+    global noise first), the greedy row and the seeded row (its generator, as vLLM keeps
+    it), and the same log-probabilities when asked for (in the processed modes, vLLM's
+    path: it normalises them twice)."""
+    from vllm.v1.sample.sampler import Sampler
+
+    vllm_plugin.short_verification()
+    forward = rs.RejectionSampler.forward
+    assert forward.termchat_short
+    batch = 1 + seed % 4 + 2
+    meta, logits = verification_case(seed, drafts=[0] * batch, vocab=4096)
+    logits = logits * 3  # some rows sharp, so top-p cuts
+    runs = []
+    for path in (forward, forward.vllm):
+        torch.manual_seed(seed)
+        sampler = rs.RejectionSampler(Sampler(logprobs_mode=mode))
+        runs.append(path(sampler, meta, None, logits.clone(), sampled_metadata(batch, seed, 5 if seed % 2 else None)))
+        runs[-1].noise_after = torch.rand(1).item()  # what the global generator gives next
+    fast, vllm = runs
+    assert torch.equal(fast.sampled_token_ids, vllm.sampled_token_ids)
+    assert fast.sampled_token_ids.shape == (batch, 1) and fast.sampled_token_ids[0, 0] == logits[0].argmax()
+    to_vllm = seed % 2 and mode == "processed_logprobs"
+    assert (fast.noise_after == vllm.noise_after) == to_vllm  # vLLM's path draws noise for recovered tokens; ours does not
+    if seed % 2:
+        for ours, theirs in zip(fast.logprobs_tensors, vllm.logprobs_tensors):
+            assert (ours is None and theirs is None) or torch.equal(ours, theirs)
+        assert fast.logprobs_tensors.logprobs.shape == (batch, 6)  # the sampled token and the 5 most probable
+    else:
+        assert fast.logprobs_tensors is None and vllm.logprobs_tensors is None
+
+
+def test_a_step_with_drafts_at_t_above_zero_stays_with_vllm(rs):
+    """One request with drafts sends the whole step to vLLM's rejection sampler."""
+    from vllm.v1.sample.sampler import Sampler
+
+    vllm_plugin.short_verification()
+    forward = rs.RejectionSampler.forward
+    meta, logits = verification_case(5, drafts=[0, 2, 0])
+    sampler = rs.RejectionSampler(Sampler())
+    outputs = []
+    for path in (forward, forward.vllm):
+        torch.manual_seed(5)
+        outputs.append(path(sampler, meta, None, logits.clone(), sampled_metadata(3, 5, None)).sampled_token_ids)
+        outputs.append(torch.rand(1))
+    assert torch.equal(outputs[0], outputs[2]) and outputs[0].shape == (3, 3)
+    assert torch.equal(outputs[1], outputs[3])  # the same noise drawn: vLLM's path both times
 
 
 def test_top_p_without_a_sort_removes_the_tokens_vllms_sorted_rule_removes():

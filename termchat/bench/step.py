@@ -2,6 +2,7 @@
 
     python -m termchat.bench.step [--profile local-plain | --file 1.7b] [--seconds 12] [--rate 200] [--max-tokens 256]
     python -m termchat.bench.step --profile local --speculative --category edit
+    python -m termchat.bench.step --profile local --speculative --category chat --temperature 0.7
     python -m termchat.bench.step --op-kinds    # the forward by op kind (inductor's Python wrapper)
 
 Starts the profile's engine (plain: the profile's speculation is left out,
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="split the forward by op kind: the engine runs inductor's Python wrapper, whose lines py-spy reads "
                              "(the built-ins' C++ wrapper is one native call; its steps are shorter)")
     parser.add_argument("--category", help="a built-in prompt category's prompts (bench/prompt_sets.py) instead of the three below")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (top_p --top-p, a seed per reply) instead of greedily")
+    parser.add_argument("--top-p", type=float, default=0.95, help="with --temperature above 0")
     parser.add_argument("--file", help="a user-size file instead (1.7b or 7b, bench/user_files.py), added and served from a one-line profile")
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -177,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
     engine = open_engine(profile, progress=engine_start_line(), attach=False)
     try:
-        sampling = Sampling(temperature=0.0, max_tokens=args.max_tokens)
+        sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
+        if args.temperature > 0:
+            sampling = dataclasses.replace(sampling, top_p=args.top_p, seed=1)
         complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))
         replies = [complete_sync(engine, [{"role": "user", "content": p}], sampling).stats for p in prompts[:4]]
         quiet = [s.decode_tokens_per_s or 0.0 for s in replies]
@@ -226,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = by_thread[step_thread]
     busy = sum(n for c, n in counts.items() if c != "idle")
     print(machine_line(None))
-    print(f"{label} ({mode}), greedy, {args.max_tokens} tokens: unprofiled decode {statistics.median(quiet):.1f} tok/s "
+    how = f"T={args.temperature:g} top_p {args.top_p:g}" if args.temperature > 0 else "greedy"
+    print(f"{label} ({mode}), {how}, {args.max_tokens} tokens: unprofiled decode {statistics.median(quiet):.1f} tok/s "
           f"(engine clock, median of {len(quiet)}), {step_ms:.2f} ms a step, {per_step:.2f} tokens a step; under py-spy ({args.rate} Hz, nonblocking, {wall:.0f} s) "
           f"{statistics.median(profiled) if profiled else 0:.1f} tok/s")
     print(f"CPU over the window: engine core {(after[1] - before[1]) / hz / wall:.2f} cores, API server {(after[0] - before[0]) / hz / wall:.2f} cores; "

@@ -602,8 +602,10 @@ def sample_by_position() -> bool:
     return True
 
 
-def greedy_verification() -> bool:
-    """Verify drafts at T=0 with one argmax. vLLM's rejection sampler copies the logits of
+def short_verification() -> bool:
+    """Two verdicts without vLLM's rejection sampler, where it can only reach the same one.
+
+    At T=0 (greedy): vLLM's rejection sampler copies the logits of
     every drafted position and of each bonus position, runs the full sampler on the bonus
     rows (cloning them again for logprobs nobody asked for) and only then takes the argmax:
     0.4-0.55 ms of a speculative step on the default (bench.step --speculative), at every
@@ -617,7 +619,21 @@ def greedy_verification() -> bool:
     a shim of a Triton kernel on the CPU, is its Python reference here
     (rejection_greedy_reference): the verdict 0.16 -> 0.08 ms with no drafts, 0.93 -> 0.42
     at 16 (bench README, "The greedy verdict, cheaper").
+
+    A step without drafts, at any temperature: vLLM 0.32 sends every step of a speculative
+    engine through the rejection sampler, whose only token then is the bonus token. It
+    still draws exponential noise over the whole vocabulary for recovered tokens there are
+    none of, and applies temperature and top-p to an empty target (2.2 ms a step against
+    the plain sampler's 0.75 on the default at T=0.7). The bonus token is vLLM's sampler
+    with `predict_bonus_token`, called here as vLLM calls it; log-probabilities come from
+    that sampler in the engine's own mode, the values vLLM's path gathers from its copies
+    (a seeded request's generator draws the same noise: vLLM's path draws none for a
+    request without drafts beyond the bonus token's). Not taken: synthetic acceptance,
+    logprobs for chosen token ids (scoring), and logprobs in the processed modes (vLLM's
+    path normalises processed logprobs twice, which moves them by a float32 step). TERMCHAT_BONUS_ONLY=0 turns this part off.
     Anything else goes to vLLM's path. Runs no torch work. False where there is nothing to do."""
+    import os
+
     try:
         import torch
         from vllm.platforms import current_platform
@@ -627,10 +643,11 @@ def greedy_verification() -> bool:
     except ImportError:
         return False
     sampler_class = rejection_sampler.RejectionSampler
-    if not current_platform.is_cpu() or getattr(sampler_class.forward, "termchat_greedy", False):
+    if not current_platform.is_cpu() or getattr(sampler_class.forward, "termchat_short", False):
         return False
     verify_forward = sampler_class.forward
     idle = {LogitBiasLogitsProcessor: "biases", MinTokensLogitsProcessor: "min_toks"}  # their state when no request uses them: empty
+    bonus_only = os.environ.get("TERMCHAT_BONUS_ONLY", "1") != "0"
 
     def argmax_decides(sampler, draft_probs, meta) -> bool:
         holder = meta.thinking_budget_state_holder
@@ -640,16 +657,19 @@ def greedy_verification() -> bool:
                 and all(type(p) in idle and not getattr(p, idle[type(p)]) for p in meta.logitsprocs.non_argmax_invariant))
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata):
-        if not argmax_decides(self, draft_probs, sampling_metadata):
-            return verify_forward(self, metadata, draft_probs, logits, sampling_metadata)
-        best = logits.max(dim=-1).indices  # argmax's first maximum, at a third of its cost here
-        output = torch.full((len(metadata.num_draft_tokens), metadata.max_spec_len + 1), rejection_sampler.PLACEHOLDER_TOKEN_ID,
-                            dtype=torch.int32, device=logits.device)
-        rejection_greedy_reference(output, metadata.cu_num_draft_tokens, metadata.draft_token_ids, best[metadata.target_logits_indices],
-                                   best[metadata.bonus_logits_indices], None, metadata.max_spec_len)  # vLLM's kernel, in Python
-        return SamplerOutput(sampled_token_ids=output, logprobs_tensors=None)
+        if argmax_decides(self, draft_probs, sampling_metadata):
+            best = logits.max(dim=-1).indices  # argmax's first maximum, at a third of its cost here
+            output = torch.full((len(metadata.num_draft_tokens), metadata.max_spec_len + 1), rejection_sampler.PLACEHOLDER_TOKEN_ID,
+                                dtype=torch.int32, device=logits.device)
+            rejection_greedy_reference(output, metadata.cu_num_draft_tokens, metadata.draft_token_ids, best[metadata.target_logits_indices],
+                                       best[metadata.bonus_logits_indices], None, metadata.max_spec_len)  # vLLM's kernel, in Python
+            return SamplerOutput(sampled_token_ids=output, logprobs_tensors=None)
+        if (bonus_only and metadata.max_spec_len == 0 and not self.synthetic_mode and not sampling_metadata.logprob_token_ids
+                and (sampling_metadata.max_num_logprobs is None or not self.is_processed_logprobs_mode)):
+            return self.sampler(logits=logits[metadata.bonus_logits_indices], sampling_metadata=sampling_metadata, predict_bonus_token=True)
+        return verify_forward(self, metadata, draft_probs, logits, sampling_metadata)
 
-    forward.termchat_greedy = True
+    forward.termchat_short = True
     forward.vllm = verify_forward  # the path it stands in for (tests compare the two)
     sampler_class.forward = forward
     return True
@@ -707,10 +727,10 @@ def register() -> None:
     except Exception as exc:  # never stop vLLM from starting: seeds then work as vLLM's do
         logger.warning("termchat: could not key seeded sampling by position (%s: %s)", type(exc).__name__, exc)
     try:
-        if os.environ.get("TERMCHAT_GREEDY_VERIFY", "1") != "0" and greedy_verification():
-            logger.info("termchat: drafts at T=0 are verified by one argmax (greedy_verification)")
-    except Exception as exc:  # never stop vLLM from starting: vLLM's rejection sampler verifies every draft
-        logger.warning("termchat: could not install the greedy verification (%s: %s)", type(exc).__name__, exc)
+        if os.environ.get("TERMCHAT_SHORT_VERIFY", "1") != "0" and short_verification():
+            logger.info("termchat: drafts at T=0 are verified by one argmax, a step without drafts samples its one token (short_verification)")
+    except Exception as exc:  # never stop vLLM from starting: vLLM's rejection sampler verifies every step
+        logger.warning("termchat: could not install the short verification (%s: %s)", type(exc).__name__, exc)
     try:
         if os.environ.get("TERMCHAT_FAST_TOP_P", "1") != "0":
             from termchat.vllm_ext import top_p  # torch and vLLM only
