@@ -131,6 +131,37 @@ def test_shards_of_different_types_fill_their_own_columns(written, op):
     assert torch.equal(both[:, : q_t.rows], op.linear(x, handles[:1])) and torch.equal(both[:, q_t.rows :], op.linear(x, handles[1:]))
     stacked = op.pack([q, q], q_t.type, q_t.shape[0], True)  # two shards of one type stack into one tensor
     assert torch.equal(op.linear(x, [stacked]), torch.cat([op.linear(x, handles[:1])] * 2, 1))
+    # Q4_1 beside Q6_K: without AMX, termchat's tiles take the one and ggml's graph the other
+    t1, q41 = blocks(written["Q4_1"][0], "blk.0.attn_q.weight")
+    mixed = [op.pack([q41], t1.type, t1.shape[0], True), handles[1]]
+    for n in (1, 3, 9):
+        x = torch.randn(n, q_t.shape[0], generator=torch.Generator().manual_seed(n))
+        both = op.linear(x, mixed)
+        assert torch.equal(both[:, : t1.rows], op.linear(x, mixed[:1])) and torch.equal(both[:, t1.rows :], op.linear(x, mixed[1:])), op.buffer_name(mixed[0])
+
+
+@needs_operator
+def test_q4_1_without_amx_is_tiled_where_the_cpu_has_avx512_vnni(written, op):
+    """On AVX512-VNNI without AMX (AMD Zen 4/5) ggml multiplies Q4_1 one activation row at a
+    time (17 rows cost 10x one); pack() then writes the AMX tile layout itself and the
+    few-rows kernel runs every row count. Its product is ggml's own plain path's to float
+    rounding (both quantize the activations with ggml's quantize_row_q8_1), at 1 and 17 rows."""
+    import torch
+
+    from termchat.vllm_ext import isa
+
+    t, raw = blocks(written["Q4_1"][0], "blk.0.ffn_down.weight")
+    handle = op.pack([raw], t.type, t.shape[0], True)
+    flags = set(open("/proc/cpuinfo").read().split())
+    if "amx_int8" in flags or "avx512_vnni" not in flags or isa.avx2_only():
+        pytest.skip(f"ggml's own buffer here: {op.buffer_name(handle)}")
+    assert op.buffer_name(handle) == "CPU (termchat's Q4_1 tiles)"
+    plain = op.pack([raw], t.type, t.shape[0], False)
+    assert op.buffer_name(plain) == "CPU"
+    for n in (1, 17):
+        x = torch.randn(n, t.shape[0], generator=torch.Generator().manual_seed(n))
+        ours, ggmls = op.linear(x, [handle]), op.linear(x, [plain])
+        assert torch.allclose(ours, ggmls, rtol=1e-4, atol=1e-4 * ggmls.abs().max().item()), (ours - ggmls).abs().max()
 
 
 @needs_operator

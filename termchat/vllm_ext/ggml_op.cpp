@@ -10,6 +10,7 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +33,8 @@ struct Packed {
   ggml_backend_buffer_t buf = nullptr;  // holds its blocks, repacked where ggml repacks
   ggml_tensor* t = nullptr;
   bool amx = false;                     // in ggml's AMX buffer: tiles of 16 rows x one block
+  bool tiles = false;                   // Q4_1 in that tile layout, written by termchat in a plain buffer (no AMX):
+                                        // only the few-rows kernel reads it, at every row count
 };
 
 std::mutex registry_mutex;
@@ -123,7 +126,7 @@ bool few_rows_enabled() {  // TERMCHAT_GGML_FEW_ROWS=0: ggml's own path for ever
   return on;
 }
 
-std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, int64_t n_total, int threads, bool own_work) {
+std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, const std::vector<int64_t>& cols, int64_t m, int64_t n_total, int threads, bool own_work) {
   auto plan = std::make_unique<Plan>();
   plan->meta.resize(ggml_tensor_overhead() * (packed.size() + 2) + ggml_graph_overhead_custom(16, false));
   ggml_init_params params{plan->meta.size(), plan->meta.data(), true};
@@ -131,14 +134,12 @@ std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, 
   const int64_t k = packed[0]->t->ne[0];
   plan->src = ggml_new_tensor_2d(plan->ctx, GGML_TYPE_F32, k, m);
   plan->graph = ggml_new_graph_custom(plan->ctx, 16, false);
-  int64_t col = 0;
-  for (auto* p : packed) {
-    ggml_tensor* node = ggml_mul_mat(plan->ctx, p->t, plan->src);
+  for (size_t i = 0; i < packed.size(); i++) {
+    ggml_tensor* node = ggml_mul_mat(plan->ctx, packed[i]->t, plan->src);
     node->nb[1] = n_total * sizeof(float);  // its own columns of the output
     node->nb[2] = node->nb[3] = node->nb[1] * m;
     plan->nodes.push_back(node);
-    plan->cols.push_back(col);
-    col += p->t->ne[1];
+    plan->cols.push_back(cols[i]);
     ggml_build_forward_expand(plan->graph, node);
   }
   plan->plan = ggml_graph_plan(plan->graph, threads, threadpool(threads));
@@ -158,6 +159,13 @@ std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, int64_t m, 
 // row comes out to the bit as it would alone: a verification step computes what a plain step
 // would. ggml's packed layout (amx/mmq.cpp): tile (n, k) of 16 rows x 32 values at
 // (n * KB + k) * 320 bytes, 256 bytes of nibbles, then 16 scales d, then 16 mins m (fp16).
+//
+// On AVX512-VNNI without AMX (AMD's Zen 4 and 5), ggml keeps Q4_1 in its plain buffer and
+// multiplies with its AVX2 dot product, one activation row at a time: 2 rows cost 1.97x one,
+// 4 rows 3.1x, 17 rows 10.4x (bench README), so every draft a verification carries costs
+// almost a plain step. There pack() writes the same tile layout itself (tile_q4_1) and this
+// kernel runs every row count, one row included, in chunks of up to 8 rows: each row comes
+// out to the bit as alone there too.
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 constexpr int64_t FEW_ROWS = 8;  // measured: 9-16 rows gain little over AMX tiles (bench README); the registers hold 8 rows
 struct BlockQ8_1 { ggml_fp16_t d, s; int8_t qs[32]; };  // ggml's block_q8_1
@@ -203,15 +211,47 @@ void q4_1_few_rows_tile(const BlockQ8_1* a, const float* ds, int64_t kb, const u
   for (int r = 0; r < M; r++) _mm512_storeu_ps(out + r * ldo, vc[r]);
 }
 
-bool few_rows_apply(const Packed* p) {
-  return p->amx && p->t->type == GGML_TYPE_Q4_1 && p->t->ne[1] % 16 == 0 && p->t->ne[0] % 32 == 0;
+bool tileable(ggml_type type, int64_t k, int64_t rows) { return type == GGML_TYPE_Q4_1 && rows % 16 == 0 && k % 32 == 0; }
+
+// GGUF's Q4_1 blocks (fp16 d, fp16 m, 16 bytes: value i in the low nibble of byte i, value
+// i + 16 in its high nibble), rows [rows, k], into the tile layout the kernel reads: in tile
+// (n, i), byte 32 * c + 4 * j + t (c = 0, 2, 4, 6) holds row 16n + j's value 4c + t in its
+// low nibble and value 4c + 4 + t in its high one
+void tile_q4_1(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t k) {
+  const int64_t kb = k / 32, row_bytes = kb * 20;
+  at::parallel_for(0, rows / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; n++)
+      for (int64_t i = 0; i < kb; i++) {
+        uint8_t* t = dst + (n * kb + i) * 320;
+        for (int64_t j = 0; j < 16; j++) {
+          const uint8_t* b = src + (n * 16 + j) * row_bytes + i * 20;
+          uint8_t v[32];
+          for (int q = 0; q < 16; q++) {
+            v[q] = b[4 + q] & 0xF;
+            v[q + 16] = b[4 + q] >> 4;
+          }
+          for (int c = 0; c < 8; c += 2)
+            for (int u = 0; u < 4; u++) t[32 * c + 4 * j + u] = (uint8_t)(v[4 * c + u] | (v[4 * c + 4 + u] << 4));
+          memcpy(t + 256 + 2 * j, b, 2);      // d
+          memcpy(t + 288 + 2 * j, b + 2, 2);  // m
+        }
+      }
+  });
+}
+
+bool few_rows_apply(const Packed* p, int64_t m) {
+  return p->tiles || (p->amx && tileable(p->t->type, p->t->ne[0], p->t->ne[1]) && m >= 2 && m <= FEW_ROWS);
+}
+
+template <int M>
+void tile_rows(const BlockQ8_1* a, const float* ds, int64_t kb, const uint8_t* t, float* o, int64_t ldo) {
+  q4_1_few_rows_tile<M>(a, ds, kb, t, o, ldo);
 }
 
 // rows [m, k] times each weight, side by side in out [m, n_total]; false if this path does not apply
 bool few_rows(const std::vector<Packed*>& packed, const float* x, int64_t m, float* out, int64_t n_total) {
-  if (m < 2 || m > FEW_ROWS) return false;
   for (auto* p : packed)
-    if (!few_rows_apply(p)) return false;
+    if (!few_rows_apply(p, m)) return false;
   const int64_t k = packed[0]->t->ne[0], kb = k / 32;
   thread_local std::vector<BlockQ8_1> a;
   a.resize(m * kb);
@@ -233,15 +273,20 @@ bool few_rows(const std::vector<Packed*>& packed, const float* x, int64_t m, flo
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; n++) {
         const uint8_t* t = base + n * kb * 320;
-        float* o = dst + n * 16;
-        switch (m) {  // 2 to FEW_ROWS, checked above
-          case 2: q4_1_few_rows_tile<2>(ap, dp, kb, t, o, n_total); break;
-          case 3: q4_1_few_rows_tile<3>(ap, dp, kb, t, o, n_total); break;
-          case 4: q4_1_few_rows_tile<4>(ap, dp, kb, t, o, n_total); break;
-          case 5: q4_1_few_rows_tile<5>(ap, dp, kb, t, o, n_total); break;
-          case 6: q4_1_few_rows_tile<6>(ap, dp, kb, t, o, n_total); break;
-          case 7: q4_1_few_rows_tile<7>(ap, dp, kb, t, o, n_total); break;
-          default: q4_1_few_rows_tile<8>(ap, dp, kb, t, o, n_total); break;
+        for (int64_t r = 0; r < m; r += FEW_ROWS) {  // chunks of up to 8 rows: the tile stays in cache between them
+          const BlockQ8_1* ar = ap + r * kb;
+          const float* dr = dp + 2 * r * kb;
+          float* o = dst + r * n_total + n * 16;
+          switch (std::min<int64_t>(m - r, FEW_ROWS)) {
+            case 1: tile_rows<1>(ar, dr, kb, t, o, n_total); break;
+            case 2: tile_rows<2>(ar, dr, kb, t, o, n_total); break;
+            case 3: tile_rows<3>(ar, dr, kb, t, o, n_total); break;
+            case 4: tile_rows<4>(ar, dr, kb, t, o, n_total); break;
+            case 5: tile_rows<5>(ar, dr, kb, t, o, n_total); break;
+            case 6: tile_rows<6>(ar, dr, kb, t, o, n_total); break;
+            case 7: tile_rows<7>(ar, dr, kb, t, o, n_total); break;
+            default: tile_rows<8>(ar, dr, kb, t, o, n_total); break;
+          }
         }
       }
     });
@@ -250,6 +295,8 @@ bool few_rows(const std::vector<Packed*>& packed, const float* x, int64_t m, flo
   return true;
 }
 #else
+bool tileable(ggml_type, int64_t, int64_t) { return false; }  // the kernel needs AVX512-VNNI
+void tile_q4_1(const uint8_t*, uint8_t*, int64_t, int64_t) {}
 bool few_rows(const std::vector<Packed*>&, const float*, int64_t, float*, int64_t) { return false; }  // no AMX buffer without AVX-512
 #endif
 
@@ -292,7 +339,13 @@ at::Tensor pack(std::vector<at::Tensor> shards, int64_t type, int64_t k, bool ex
     TORCH_CHECK(p->buf, "termchat_ggml: could not allocate ", size, " bytes for a weight");
     ggml_backend_buffer_set_usage(p->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_tensor_alloc(p->buf, p->t, ggml_backend_buffer_get_base(p->buf));
-    ggml_backend_tensor_set(p->t, data, 0, rows * row_bytes);
+    // no AMX: Q4_1 in the tile layout, for the few-rows kernel at every row count (it is as
+    // many bytes as the blocks)
+    p->tiles = extra && buft == ggml_backend_cpu_buffer_type() && few_rows_enabled() && tileable(gtype, k, rows);
+    if (p->tiles)
+      tile_q4_1(static_cast<const uint8_t*>(data), static_cast<uint8_t*>(p->t->data), rows, k);
+    else
+      ggml_backend_tensor_set(p->t, data, 0, rows * row_bytes);
     break;
   }
   p->amx = strcmp(ggml_backend_buffer_name(p->buf), "AMX") == 0;
@@ -314,7 +367,10 @@ at::Tensor pack(std::vector<at::Tensor> shards, int64_t type, int64_t k, bool ex
   return handle;
 }
 
-std::string buffer_name(const at::Tensor& handle) { return ggml_backend_buffer_name(lookup(handle)->buf); }
+std::string buffer_name(const at::Tensor& handle) {
+  Packed* p = lookup(handle);
+  return p->tiles ? "CPU (termchat's Q4_1 tiles)" : ggml_backend_buffer_name(p->buf);
+}
 
 // x [..., k] times each handle's weight, transposed, side by side: [..., sum of their rows]
 at::Tensor ggml_linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
@@ -334,7 +390,25 @@ at::Tensor ggml_linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
   auto shape = x.sizes().vec();
   shape.back() = n_total;
   at::Tensor out = at::empty(shape, rows.options());
-  if (m > 0 && !(few_rows_enabled() && few_rows(packed, rows.data_ptr<float>(), m, out.data_ptr<float>(), n_total))) {
+  std::vector<int64_t> cols;
+  for (size_t i = 0, col = 0; i < packed.size(); col += packed[i]->t->ne[1], i++) cols.push_back(col);
+  bool done = m == 0 || (few_rows_enabled() && few_rows(packed, rows.data_ptr<float>(), m, out.data_ptr<float>(), n_total));
+  if (!done && std::any_of(packed.begin(), packed.end(), [](Packed* p) { return p->tiles; })) {
+    // a layer whose weights differ in type: the tiled ones here, the rest through ggml below
+    std::vector<Packed*> rest;
+    std::vector<int64_t> rest_cols;
+    for (size_t i = 0; i < packed.size(); i++) {
+      if (packed[i]->tiles) {
+        TORCH_CHECK(few_rows({packed[i]}, rows.data_ptr<float>(), m, out.data_ptr<float>() + cols[i], n_total), "termchat_ggml: a tiled weight's kernel did not run");
+      } else {
+        rest.push_back(packed[i]);
+        rest_cols.push_back(cols[i]);
+      }
+    }
+    packed.swap(rest);
+    cols.swap(rest_cols);
+  }
+  if (!done) {
     const int threads = std::max(1, at::get_num_threads());
     thread_local std::unordered_map<std::string, std::unique_ptr<Plan>> plans;
     thread_local uint64_t seen = 0;
@@ -343,24 +417,40 @@ at::Tensor ggml_linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
       plans.clear();
       seen = generation.load();
     }
-    std::unique_ptr<Plan> once;
-    Plan* plan;
-    if (m <= CACHED_ROWS) {
-      std::string key(reinterpret_cast<const char*>(packed.data()), packed.size() * sizeof(Packed*));
-      key.append(reinterpret_cast<const char*>(&m), sizeof m).append(reinterpret_cast<const char*>(&threads), sizeof threads);
-      auto& cached = plans[key];
-      if (!cached) cached = build_plan(packed, m, n_total, threads, false);
-      plan = cached.get();
-      if (scratch.size() < plan->plan.work_size) scratch.resize(plan->plan.work_size);
-      plan->plan.work_data = scratch.data();
-    } else {
-      once = build_plan(packed, m, n_total, threads, true);
-      plan = once.get();
-    }
-    plan->src->data = rows.data_ptr();
-    for (size_t i = 0; i < plan->nodes.size(); i++) plan->nodes[i]->data = out.data_ptr<float>() + plan->cols[i];
-    const ggml_status status = ggml_graph_compute(plan->graph, &plan->plan);
-    TORCH_CHECK(status == GGML_STATUS_SUCCESS, "termchat_ggml::linear: ggml's compute failed (", (int)status, ")");
+    auto compute = [&](const float* src, float* dst, int64_t mm) {
+      std::unique_ptr<Plan> once;
+      Plan* plan;
+      if (mm <= CACHED_ROWS) {
+        std::string key(reinterpret_cast<const char*>(packed.data()), packed.size() * sizeof(Packed*));
+        key.append(reinterpret_cast<const char*>(&mm), sizeof mm).append(reinterpret_cast<const char*>(&threads), sizeof threads);
+        key.append(reinterpret_cast<const char*>(&n_total), sizeof n_total);  // a layer's weights without its tiled ones: their columns
+        key.append(reinterpret_cast<const char*>(cols.data()), cols.size() * sizeof(int64_t));
+        auto& cached = plans[key];
+        if (!cached) cached = build_plan(packed, cols, mm, n_total, threads, false);
+        plan = cached.get();
+        if (scratch.size() < plan->plan.work_size) scratch.resize(plan->plan.work_size);
+        plan->plan.work_data = scratch.data();
+      } else {
+        once = build_plan(packed, cols, mm, n_total, threads, true);
+        plan = once.get();
+      }
+      plan->src->data = const_cast<float*>(src);
+      for (size_t i = 0; i < plan->nodes.size(); i++) plan->nodes[i]->data = dst + plan->cols[i];
+      const ggml_status status = ggml_graph_compute(plan->graph, &plan->plan);
+      TORCH_CHECK(status == GGML_STATUS_SUCCESS, "termchat_ggml::linear: ggml's compute failed (", (int)status, ")");
+    };
+    // Outside ggml's AMX buffer, several rows may take another path than one: CPU_REPACK's gemm
+    // over groups of 4 rows (Q4_K) and the plain buffer's multi-row kernels (Q6_K) sum in
+    // another order than the one-row kernel, so a row verified beside drafts came out other
+    // bits than alone (AVX-512 without AMX, at 8 rows). Decode and verification row counts
+    // run row by row there (ggml's vec_dot costs a row per row anyway); prefill keeps ggml's way.
+    const bool per_row = m > 1 && m <= CACHED_ROWS && !std::all_of(packed.begin(), packed.end(), [](Packed* p) { return p->amx; });
+    const float* src = rows.data_ptr<float>();
+    float* dst = out.data_ptr<float>();
+    if (per_row)
+      for (int64_t r = 0; r < m; r++) compute(src + r * k, dst + r * n_total, 1);
+    else
+      compute(src, dst, m);
   }
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
@@ -381,6 +471,7 @@ std::vector<at::Tensor> graph(std::vector<at::Tensor> xs, std::vector<at::Tensor
   std::vector<at::Tensor> rows, outs;
   for (size_t i = 0; i < n; i++) {
     Packed* p = lookup(weights[i]);
+    TORCH_CHECK(!p->tiles, "termchat_ggml::graph: this weight is in termchat's tile layout, which ggml cannot read (pack it with extra=false)");
     rows.push_back(xs[i].reshape({-1, p->t->ne[0]}).to(at::kFloat).contiguous());
     outs.push_back(at::empty({rows[i].size(0), p->t->ne[1]}, rows[i].options()));
     ggml_tensor* src = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, p->t->ne[0], rows[i].size(0));
