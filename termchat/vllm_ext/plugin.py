@@ -587,8 +587,17 @@ def sample_by_position() -> bool:
             sampled = forward_cpu(sampler, picked, keyed_generators(generators, [pos for _, pos in slots]), None, None)[0].tolist()
             for (req, _), token in zip(slots, sampled):
                 rows.setdefault(req, []).append(token)
-        output = rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                                  target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
+        if seeded and len(seeded) == sum(1 for count in num_draft_tokens if count):
+            # every request with drafts is seeded: accept_by_position decides them all, and vLLM's
+            # verdict (its noise over the vocabulary included) would be thrown away
+            output = torch.full((len(num_draft_tokens), max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=target_logits.device)
+            bonus = bonus_token_ids.reshape(-1).tolist()
+            for req, count in enumerate(num_draft_tokens):
+                if not count:
+                    output[req, 0] = bonus[req]
+        else:
+            output = rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                                      target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs)
         if rows:
             accept_by_position(output, draft_token_ids.tolist(), list(num_draft_tokens), rows, bonus_token_ids.reshape(-1).tolist())
         return output
