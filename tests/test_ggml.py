@@ -141,27 +141,28 @@ def test_shards_of_different_types_fill_their_own_columns(written, op):
 
 
 @needs_operator
-def test_q4_1_without_amx_is_tiled_where_the_cpu_has_avx512_vnni(written, op):
-    """On AVX512-VNNI without AMX (AMD Zen 4/5) ggml multiplies Q4_1 one activation row at a
-    time (17 rows cost 10x one); pack() then writes the AMX tile layout itself and the
-    few-rows kernel runs every row count. Its product is ggml's own plain path's to float
-    rounding (both quantize the activations with ggml's quantize_row_q8_1), at 1 and 17 rows."""
+def test_q4_1_and_q8_0_without_amx_are_tiled_where_the_cpu_has_avx512_vnni(written, op):
+    """On AVX512-VNNI without AMX (AMD Zen 4/5) ggml multiplies Q4_1 and Q8_0 one activation
+    row at a time (17 rows cost 10x and 14x one); pack() then writes tiles itself and the
+    few-rows kernels run every row count. Their product is ggml's own plain path's to float
+    rounding (both quantize the activations with ggml's own quantize_row), at 1 and 17 rows."""
     import torch
 
     from termchat.vllm_ext import isa
 
-    t, raw = blocks(written["Q4_1"][0], "blk.0.ffn_down.weight")
-    handle = op.pack([raw], t.type, t.shape[0], True)
     flags = set(open("/proc/cpuinfo").read().split())
-    if "amx_int8" in flags or "avx512_vnni" not in flags or isa.avx2_only():
-        pytest.skip(f"ggml's own buffer here: {op.buffer_name(handle)}")
-    assert op.buffer_name(handle) == "CPU (termchat's Q4_1 tiles)"
-    plain = op.pack([raw], t.type, t.shape[0], False)
-    assert op.buffer_name(plain) == "CPU"
-    for n in (1, 17):
-        x = torch.randn(n, t.shape[0], generator=torch.Generator().manual_seed(n))
-        ours, ggmls = op.linear(x, [handle]), op.linear(x, [plain])
-        assert torch.allclose(ours, ggmls, rtol=1e-4, atol=1e-4 * ggmls.abs().max().item()), (ours - ggmls).abs().max()
+    for kind in ("Q4_1", "Q8_0"):  # the default's layers and its output layer
+        t, raw = blocks(written[kind][0], "blk.0.ffn_down.weight")
+        handle = op.pack([raw], t.type, t.shape[0], True)
+        if "amx_int8" in flags or "avx512_vnni" not in flags or isa.avx2_only():
+            pytest.skip(f"ggml's own buffer here: {op.buffer_name(handle)}")
+        assert op.buffer_name(handle) == f"CPU (termchat's {kind.lower()} tiles)"
+        plain = op.pack([raw], t.type, t.shape[0], False)
+        assert op.buffer_name(plain) == "CPU"
+        for n in (1, 17):
+            x = torch.randn(n, t.shape[0], generator=torch.Generator().manual_seed(n))
+            ours, ggmls = op.linear(x, [handle]), op.linear(x, [plain])
+            assert torch.allclose(ours, ggmls, rtol=1e-4, atol=1e-4 * ggmls.abs().max().item()), (kind, (ours - ggmls).abs().max())
 
 
 @needs_operator

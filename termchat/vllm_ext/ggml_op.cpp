@@ -167,6 +167,7 @@ std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, const std::
 // kernel runs every row count, one row included, in chunks of up to 8 rows: each row comes
 // out to the bit as alone there too.
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
+constexpr int64_t Q8_0_TILE = 16 * 32 + 16 * 2 + 16 * 4;  // termchat's Q8_0 tile: values, scales, sums x 128
 constexpr int64_t FEW_ROWS = 8;  // measured: 9-16 rows gain little over AMX tiles (bench README); the registers hold 8 rows
 struct BlockQ8_1 { ggml_fp16_t d, s; int8_t qs[32]; };  // ggml's block_q8_1
 static_assert(sizeof(BlockQ8_1) == 36, "block_q8_1 is 36 bytes");
@@ -211,7 +212,10 @@ void q4_1_few_rows_tile(const BlockQ8_1* a, const float* ds, int64_t kb, const u
   for (int r = 0; r < M; r++) _mm512_storeu_ps(out + r * ldo, vc[r]);
 }
 
-bool tileable(ggml_type type, int64_t k, int64_t rows) { return type == GGML_TYPE_Q4_1 && rows % 16 == 0 && k % 32 == 0; }
+bool tileable(ggml_type type, int64_t k, int64_t rows) { return (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0) && rows % 16 == 0 && k % 32 == 0; }
+
+// bytes a tile (16 rows x one block of 32 values) takes in termchat's layout
+int64_t tile_bytes(ggml_type type) { return type == GGML_TYPE_Q8_0 ? Q8_0_TILE : 320; }
 
 // GGUF's Q4_1 blocks (fp16 d, fp16 m, 16 bytes: value i in the low nibble of byte i, value
 // i + 16 in its high nibble), rows [rows, k], into the tile layout the kernel reads: in tile
@@ -239,13 +243,86 @@ void tile_q4_1(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t k) {
   });
 }
 
-bool few_rows_apply(const Packed* p, int64_t m) {
-  return p->tiles || (p->amx && tileable(p->t->type, p->t->ne[0], p->t->ne[1]) && m >= 2 && m <= FEW_ROWS);
+// GGUF's Q8_0 blocks (fp16 d, 32 int8 values) into tiles for dpbusd, which multiplies
+// unsigned by signed bytes: the activations go in shifted by 128 (as uint8), so each tile
+// carries 128 x its rows' block sums to take back. Tile (n, i), 608 bytes: byte 64 * c + 4 * j
+// + t holds row 16n + j's value 4c + t (c = 0..7); then 16 scales d (fp16); then 16 int32
+// sums x 128
+void tile_q8_0(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t k) {
+  const int64_t kb = k / 32, row_bytes = kb * 34;
+  at::parallel_for(0, rows / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; n++)
+      for (int64_t i = 0; i < kb; i++) {
+        uint8_t* t = dst + (n * kb + i) * Q8_0_TILE;
+        for (int64_t j = 0; j < 16; j++) {
+          const uint8_t* b = src + (n * 16 + j) * row_bytes + i * 34;
+          const int8_t* v = reinterpret_cast<const int8_t*>(b + 2);
+          int32_t sum = 0;
+          for (int c = 0; c < 8; c++)
+            for (int u = 0; u < 4; u++) {
+              t[64 * c + 4 * j + u] = static_cast<uint8_t>(v[4 * c + u]);
+              sum += v[4 * c + u];
+            }
+          memcpy(t + 512 + 2 * j, b, 2);  // d
+          const int32_t taken = 128 * sum;
+          memcpy(t + 544 + 4 * j, &taken, 4);
+        }
+      }
+  });
 }
 
+struct BlockQ8_0 { ggml_fp16_t d; int8_t qs[32]; };  // ggml's block_q8_0
+static_assert(sizeof(BlockQ8_0) == 34, "block_q8_0 is 34 bytes");
+
+// M rows of activations (blocks shifted to uint8, scales as float) times 16 weight rows
 template <int M>
-void tile_rows(const BlockQ8_1* a, const float* ds, int64_t kb, const uint8_t* t, float* o, int64_t ldo) {
-  q4_1_few_rows_tile<M>(a, ds, kb, t, o, ldo);
+void q8_0_few_rows_tile(const uint8_t* a, const float* da, int64_t kb, const uint8_t* tiles, float* out, int64_t ldo) {
+  __m512 vc[M];
+  #pragma GCC unroll 8
+  for (int r = 0; r < M; r++) vc[r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < kb; i++) {
+    const uint8_t* b = tiles + i * Q8_0_TILE;
+    __m512i vb[8];
+    #pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) vb[c] = _mm512_loadu_si512((const __m512i*)(b + 64 * c));
+    const __m512 vd0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(b + 512)));
+    const __m512i taken = _mm512_loadu_si512((const __m512i*)(b + 544));
+    __m512i vsum[M];
+    #pragma GCC unroll 8
+    for (int r = 0; r < M; r++) vsum[r] = _mm512_setzero_si512();
+    #pragma GCC unroll 8
+    for (int c = 0; c < 8; c++)
+      #pragma GCC unroll 8
+      for (int r = 0; r < M; r++)
+        vsum[r] = _mm512_dpbusd_epi32(vsum[r], _mm512_set1_epi32(reinterpret_cast<const int32_t*>(a + (r * kb + i) * 32)[c]), vb[c]);
+    #pragma GCC unroll 8
+    for (int r = 0; r < M; r++) {
+      const __m512i exact = _mm512_sub_epi32(vsum[r], taken);  // the signed dot product, exact
+      vc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(vd0, _mm512_set1_ps(da[r * kb + i])), vc[r]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int r = 0; r < M; r++) _mm512_storeu_ps(out + r * ldo, vc[r]);
+}
+
+bool few_rows_apply(const Packed* p, int64_t m) {
+  return p->tiles || (p->amx && p->t->type == GGML_TYPE_Q4_1 && tileable(p->t->type, p->t->ne[0], p->t->ne[1]) && m >= 2 && m <= FEW_ROWS);
+}
+
+// the activations as each weight type's kernel takes them, quantized once per call
+struct Activations {
+  const BlockQ8_1* q8_1 = nullptr;  // Q4_1's: ggml's quantize_row_q8_1, as its AMX path
+  const float* ds = nullptr;        // their scales and sums as float, converted once (not per weight tile)
+  const uint8_t* q8_0 = nullptr;    // Q8_0's: ggml's quantize_row_q8_0, shifted by 128 to uint8
+  const float* d = nullptr;         // their scales as float
+};
+
+template <int M>
+void tile_rows(ggml_type type, const Activations& a, int64_t r, int64_t kb, const uint8_t* t, float* o, int64_t ldo) {
+  if (type == GGML_TYPE_Q8_0)
+    q8_0_few_rows_tile<M>(a.q8_0 + r * kb * 32, a.d + r * kb, kb, t, o, ldo);
+  else
+    q4_1_few_rows_tile<M>(a.q8_1 + r * kb, a.ds + 2 * r * kb, kb, t, o, ldo);
 }
 
 // rows [m, k] times each weight, side by side in out [m, n_total]; false if this path does not apply
@@ -253,39 +330,58 @@ bool few_rows(const std::vector<Packed*>& packed, const float* x, int64_t m, flo
   for (auto* p : packed)
     if (!few_rows_apply(p, m)) return false;
   const int64_t k = packed[0]->t->ne[0], kb = k / 32;
-  thread_local std::vector<BlockQ8_1> a;
-  a.resize(m * kb);
-  const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float;  // ggml's quantize_row_q8_1, as its AMX path
-  for (int64_t r = 0; r < m; r++) from_float(x + r * k, a.data() + r * kb, k);
-  thread_local std::vector<float> ds;  // each block's scale and sum as float, converted once (not per weight tile)
-  ds.resize(2 * m * kb);
-  for (int64_t j = 0; j < m * kb; j++) {
-    ds[2 * j] = ggml_fp16_to_fp32(a[j].d);
-    ds[2 * j + 1] = ggml_fp16_to_fp32(a[j].s);
+  Activations act;  // its arrays are this thread's: the team's threads get the pointers, not their own
+  if (std::any_of(packed.begin(), packed.end(), [](Packed* p) { return p->t->type == GGML_TYPE_Q4_1; })) {
+    thread_local std::vector<BlockQ8_1> a;
+    thread_local std::vector<float> ds;
+    a.resize(m * kb);
+    ds.resize(2 * m * kb);
+    const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float;
+    for (int64_t r = 0; r < m; r++) from_float(x + r * k, a.data() + r * kb, k);
+    for (int64_t j = 0; j < m * kb; j++) {
+      ds[2 * j] = ggml_fp16_to_fp32(a[j].d);
+      ds[2 * j + 1] = ggml_fp16_to_fp32(a[j].s);
+    }
+    act.q8_1 = a.data();
+    act.ds = ds.data();
   }
-  const float* dp = ds.data();
-  const BlockQ8_1* ap = a.data();  // a is this thread's: the team's threads get the pointer, not their own a
+  if (std::any_of(packed.begin(), packed.end(), [](Packed* p) { return p->t->type == GGML_TYPE_Q8_0; })) {
+    thread_local std::vector<BlockQ8_0> blocks;
+    thread_local std::vector<uint8_t> shifted;
+    thread_local std::vector<float> d;
+    blocks.resize(m * kb);
+    shifted.resize(m * kb * 32);
+    d.resize(m * kb);
+    const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    for (int64_t r = 0; r < m; r++) from_float(x + r * k, blocks.data() + r * kb, k);
+    for (int64_t j = 0; j < m * kb; j++) {
+      d[j] = ggml_fp16_to_fp32(blocks[j].d);
+      for (int q = 0; q < 32; q++) shifted[j * 32 + q] = static_cast<uint8_t>(blocks[j].qs[q] + 128);
+    }
+    act.q8_0 = shifted.data();
+    act.d = d.data();
+  }
   int64_t col = 0;
   for (auto* p : packed) {
     const int64_t tiles = p->t->ne[1] / 16;
+    const ggml_type type = p->t->type;
+    const int64_t bytes = tile_bytes(type);
     const uint8_t* base = static_cast<const uint8_t*>(p->t->data);
     float* dst = out + col;
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; n++) {
-        const uint8_t* t = base + n * kb * 320;
+        const uint8_t* t = base + n * kb * bytes;
         for (int64_t r = 0; r < m; r += FEW_ROWS) {  // chunks of up to 8 rows: the tile stays in cache between them
-          const BlockQ8_1* ar = ap + r * kb;
-          const float* dr = dp + 2 * r * kb;
           float* o = dst + r * n_total + n * 16;
           switch (std::min<int64_t>(m - r, FEW_ROWS)) {
-            case 1: tile_rows<1>(ar, dr, kb, t, o, n_total); break;
-            case 2: tile_rows<2>(ar, dr, kb, t, o, n_total); break;
-            case 3: tile_rows<3>(ar, dr, kb, t, o, n_total); break;
-            case 4: tile_rows<4>(ar, dr, kb, t, o, n_total); break;
-            case 5: tile_rows<5>(ar, dr, kb, t, o, n_total); break;
-            case 6: tile_rows<6>(ar, dr, kb, t, o, n_total); break;
-            case 7: tile_rows<7>(ar, dr, kb, t, o, n_total); break;
-            default: tile_rows<8>(ar, dr, kb, t, o, n_total); break;
+            case 1: tile_rows<1>(type, act, r, kb, t, o, n_total); break;
+            case 2: tile_rows<2>(type, act, r, kb, t, o, n_total); break;
+            case 3: tile_rows<3>(type, act, r, kb, t, o, n_total); break;
+            case 4: tile_rows<4>(type, act, r, kb, t, o, n_total); break;
+            case 5: tile_rows<5>(type, act, r, kb, t, o, n_total); break;
+            case 6: tile_rows<6>(type, act, r, kb, t, o, n_total); break;
+            case 7: tile_rows<7>(type, act, r, kb, t, o, n_total); break;
+            default: tile_rows<8>(type, act, r, kb, t, o, n_total); break;
           }
         }
       }
@@ -296,7 +392,9 @@ bool few_rows(const std::vector<Packed*>& packed, const float* x, int64_t m, flo
 }
 #else
 bool tileable(ggml_type, int64_t, int64_t) { return false; }  // the kernel needs AVX512-VNNI
+int64_t tile_bytes(ggml_type) { return 0; }
 void tile_q4_1(const uint8_t*, uint8_t*, int64_t, int64_t) {}
+void tile_q8_0(const uint8_t*, uint8_t*, int64_t, int64_t) {}
 bool few_rows(const std::vector<Packed*>&, const float*, int64_t, float*, int64_t) { return false; }  // no AMX buffer without AVX-512
 #endif
 
@@ -334,15 +432,17 @@ at::Tensor pack(std::vector<at::Tensor> shards, int64_t type, int64_t k, bool ex
   p->t = ggml_new_tensor_2d(p->ctx, gtype, k, rows);
   for (auto buft : buffer_types(extra)) {
     if (!supports(buft, gtype, k, rows)) continue;
-    const size_t size = ggml_backend_buft_get_alloc_size(buft, p->t);
+    p->tiles = extra && buft == ggml_backend_cpu_buffer_type() && few_rows_enabled() && tileable(gtype, k, rows);
+    // Q8_0's tiles carry their block sums too: more bytes than the blocks
+    const size_t size = p->tiles ? (size_t)(rows / 16) * (k / 32) * tile_bytes(gtype) : ggml_backend_buft_get_alloc_size(buft, p->t);
     p->buf = ggml_backend_buft_alloc_buffer(buft, size);
     TORCH_CHECK(p->buf, "termchat_ggml: could not allocate ", size, " bytes for a weight");
     ggml_backend_buffer_set_usage(p->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_tensor_alloc(p->buf, p->t, ggml_backend_buffer_get_base(p->buf));
-    // no AMX: Q4_1 in the tile layout, for the few-rows kernel at every row count (it is as
-    // many bytes as the blocks)
-    p->tiles = extra && buft == ggml_backend_cpu_buffer_type() && few_rows_enabled() && tileable(gtype, k, rows);
-    if (p->tiles)
+    // no AMX: Q4_1 and Q8_0 in termchat's tile layout, for the few-rows kernels at every row count
+    if (p->tiles && gtype == GGML_TYPE_Q8_0)
+      tile_q8_0(static_cast<const uint8_t*>(data), static_cast<uint8_t*>(p->t->data), rows, k);
+    else if (p->tiles)
       tile_q4_1(static_cast<const uint8_t*>(data), static_cast<uint8_t*>(p->t->data), rows, k);
     else
       ggml_backend_tensor_set(p->t, data, 0, rows * row_bytes);
@@ -369,7 +469,7 @@ at::Tensor pack(std::vector<at::Tensor> shards, int64_t type, int64_t k, bool ex
 
 std::string buffer_name(const at::Tensor& handle) {
   Packed* p = lookup(handle);
-  return p->tiles ? "CPU (termchat's Q4_1 tiles)" : ggml_backend_buffer_name(p->buf);
+  return p->tiles ? std::string("CPU (termchat's ") + ggml_type_name(p->t->type) + " tiles)" : ggml_backend_buffer_name(p->buf);
 }
 
 // x [..., k] times each handle's weight, transposed, side by side: [..., sum of their rows]
