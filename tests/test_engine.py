@@ -172,7 +172,7 @@ def test_the_built_in_engine_forks_its_engine_core_and_corrects_sampling_there(s
     checked = [line for line in log.splitlines() if "termchat: replaced" in line or "could not self-check" in line]
     assert checked and all(re.match(r"\(EngineCore pid=\d+\)", line) for line in checked), checked
     # and the samplers' other corrections with it, each said once, in the engine core only
-    for patch in ("sample_by_position", "short_verification", "top_p"):
+    for patch in ("sample_by_position", "short_verification", "quick_recovered_noise", "top_p"):
         said = [line for line in log.splitlines() if line.endswith(f"({patch})")]
         assert len(said) == 1 and said[0].startswith("(EngineCore pid="), (patch, said)
 

@@ -356,3 +356,39 @@ def test_top_p_without_a_sort_is_where_the_samplers_call_it(rs):
     assert fast(logits.clone(), None, torch.tensor([0.5, 1.0])).isinf().tolist() == [[True, True, True, False], [False] * 4]
     k = torch.tensor([2, 4])
     assert torch.equal(fast(logits.clone(), k, torch.tensor([0.99, 0.5])), fast.vllm(logits.clone(), k, torch.tensor([0.99, 0.5])))
+
+
+def test_the_quicker_recovered_noise_samples_what_vllms_does(rs):
+    """plugin.quick_recovered_noise: a rejected draft's replacement from p with the draft
+    removed, its Exp(1) noise as -log(1 - u). Unseeded, 40,000 replacements follow that
+    distribution (each frequency within 5 standard errors); a seeded request draws from its
+    generator as vLLM does, to the same token."""
+    from vllm.v1.sample.logits_processor.state import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    vllm_plugin.quick_recovered_noise()
+    ours = rs.sample_recovered_tokens
+    assert ours.termchat
+    p = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
+    batch = 40_000
+
+    def meta(generators):
+        zeros = torch.zeros(batch)
+        return SamplingMetadata(temperature=zeros + 1, all_greedy=False, all_random=True, top_p=None, top_k=None, generators=generators,
+                                max_num_logprobs=None, no_penalties=True, prompt_token_ids=None, frequency_penalties=zeros, presence_penalties=zeros,
+                                repetition_penalties=zeros + 1, output_token_ids=[[] for _ in range(batch)], allowed_token_ids_mask=None,
+                                bad_words_token_ids={}, logitsprocs=LogitsProcessors(()))
+
+    drafts = torch.zeros(batch, dtype=torch.int32)  # every draft is token 0, rejected
+    cu = torch.arange(1, batch + 1, dtype=torch.int32)
+    torch.manual_seed(0)
+    got = ours(1, [1] * batch, cu, drafts, None, p.expand(batch, -1).contiguous(), meta({}), torch.device("cpu"))
+    freq = torch.bincount(got.long(), minlength=5).double() / batch
+    want = torch.cat([torch.zeros(1), p[1:] / p[1:].sum()]).double()
+    assert freq[0] == 0  # the rejected draft never comes back
+    assert ((freq - want).abs() <= 5 * (want * (1 - want) / batch).sqrt() + 1e-12).all(), (freq, want)
+    # seeded: the request's own generator, as vLLM draws it
+    seeded = [ours if i == 0 else ours.vllm for i in range(2)]
+    tokens = [f(1, [1] * batch, cu, drafts, None, p.expand(batch, -1).contiguous(), meta({i: torch.Generator().manual_seed(i) for i in range(60)}),
+                torch.device("cpu"))[:60] for f in seeded]
+    assert torch.equal(tokens[0], tokens[1]) and len(set(tokens[0].tolist())) > 1

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="split the forward by op kind: the engine runs inductor's Python wrapper, whose lines py-spy reads "
                              "(the built-ins' C++ wrapper is one native call; its steps are shorter)")
     parser.add_argument("--category", help="a built-in prompt category's prompts (bench/prompt_sets.py) instead of the three below")
-    parser.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (top_p --top-p, a seed per reply) instead of greedily")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (top_p --top-p, no seed, as the TUI asks) instead of greedily")
     parser.add_argument("--top-p", type=float, default=0.95, help="with --temperature above 0")
     parser.add_argument("--file", help="a user-size file instead (1.7b or 7b, bench/user_files.py), added and served from a one-line profile")
     args = parser.parse_args(argv)
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
         if args.temperature > 0:
-            sampling = dataclasses.replace(sampling, top_p=args.top_p, seed=1)
+            sampling = dataclasses.replace(sampling, top_p=args.top_p)
         complete_sync(engine, [{"role": "user", "content": "Say hi."}], Sampling(temperature=0.0, max_tokens=8))
         replies = [complete_sync(engine, [{"role": "user", "content": p}], sampling).stats for p in prompts[:4]]
         quiet = [s.decode_tokens_per_s or 0.0 for s in replies]
