@@ -33,8 +33,9 @@ struct Packed {
   ggml_backend_buffer_t buf = nullptr;  // holds its blocks, repacked where ggml repacks
   ggml_tensor* t = nullptr;
   bool amx = false;                     // in ggml's AMX buffer: tiles of 16 rows x one block
-  bool tiles = false;                   // Q4_1 in that tile layout, written by termchat in a plain buffer (no AMX):
+  bool tiles = false;                   // Q4_1 in that tile layout (Q8_0 in one like it), written by termchat in a plain buffer (no AMX):
                                         // only the few-rows kernel reads it, at every row count
+  bool repack = false;                  // in ggml's CPU_REPACK buffer: several rows go through its gemm
 };
 
 std::mutex registry_mutex;
@@ -449,6 +450,7 @@ at::Tensor pack(std::vector<at::Tensor> shards, int64_t type, int64_t k, bool ex
     break;
   }
   p->amx = strcmp(ggml_backend_buffer_name(p->buf), "AMX") == 0;
+  p->repack = strcmp(ggml_backend_buffer_name(p->buf), "CPU_REPACK") == 0;
   const size_t held = ggml_backend_buffer_get_size(p->buf);
   const int64_t width = held % rows == 0 ? (int64_t)(held / rows) : 1;
   auto release = [p](void*) {
@@ -543,8 +545,13 @@ at::Tensor ggml_linear(const at::Tensor& x, std::vector<at::Tensor> weights) {
     // over groups of 4 rows (Q4_K) and the plain buffer's multi-row kernels (Q6_K) sum in
     // another order than the one-row kernel, so a row verified beside drafts came out other
     // bits than alone (AVX-512 without AMX, at 8 rows). Decode and verification row counts
-    // run row by row there (ggml's vec_dot costs a row per row anyway); prefill keeps ggml's way.
-    const bool per_row = m > 1 && m <= CACHED_ROWS && !std::all_of(packed.begin(), packed.end(), [](Packed* p) { return p->amx; });
+    // run row by row there; prefill keeps ggml's way. Q4_1 and Q8_0 in the plain buffer (AVX2
+    // machines: the default's types) came out the same at every row count (test_ggml), and
+    // keep ggml's rows together, which read each weight once.
+    auto same_bits = [](Packed* p) {
+      return p->amx || (!p->repack && (p->t->type == GGML_TYPE_Q4_1 || p->t->type == GGML_TYPE_Q8_0));
+    };
+    const bool per_row = m > 1 && m <= CACHED_ROWS && !std::all_of(packed.begin(), packed.end(), same_bits);
     const float* src = rows.data_ptr<float>();
     float* dst = out.data_ptr<float>();
     if (per_row)
