@@ -392,3 +392,35 @@ def test_the_quicker_recovered_noise_samples_what_vllms_does(rs):
     tokens = [f(1, [1] * batch, cu, drafts, None, p.expand(batch, -1).contiguous(), meta({i: torch.Generator().manual_seed(i) for i in range(60)}),
                 torch.device("cpu"))[:60] for f in seeded]
     assert torch.equal(tokens[0], tokens[1]) and len(set(tokens[0].tolist())) > 1
+
+
+def test_drafts_without_probabilities_at_t_above_zero_are_kept_as_often_as_the_target_samples_them(rs):
+    """plugin.sample_by_position's verification of unseeded requests too: each draft position
+    is sampled as plain decoding would and a draft is kept while it equals the sample. Over
+    20,000 requests with one draft (token 0) from p = (0.4, 0.3, 0.15, 0.1, 0.05): the first
+    token follows p (kept with p(0), else a token from p without 0), and the bonus token
+    follows exactly when the draft was kept."""
+    from vllm.v1.sample.logits_processor.state import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    vllm_plugin.short_verification()
+    batch = 20_000
+    p = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
+    logits = p.log().expand(2 * batch, -1).contiguous()
+    ones = torch.ones(batch, dtype=torch.int32)
+    meta = SpecDecodeMetadata(draft_token_ids=torch.zeros(batch, dtype=torch.int32), num_draft_tokens=[1] * batch,
+                              cu_num_draft_tokens=ones.cumsum(0).to(torch.int32), cu_num_sampled_tokens=(ones * 2).cumsum(0).to(torch.int32),
+                              target_logits_indices=torch.arange(0, 2 * batch, 2, dtype=torch.int32),
+                              bonus_logits_indices=torch.arange(1, 2 * batch, 2, dtype=torch.int32), logits_indices=torch.arange(2 * batch, dtype=torch.int32))
+    zeros = torch.zeros(batch)
+    sampling = SamplingMetadata(temperature=zeros + 1, all_greedy=False, all_random=True, top_p=None, top_k=None, generators={}, max_num_logprobs=None,
+                                no_penalties=True, prompt_token_ids=None, frequency_penalties=zeros, presence_penalties=zeros, repetition_penalties=zeros + 1,
+                                output_token_ids=[[] for _ in range(batch)], allowed_token_ids_mask=None, bad_words_token_ids={},
+                                logitsprocs=LogitsProcessors(()))
+    torch.manual_seed(0)
+    out = rs.RejectionSampler.forward(rs.RejectionSampler(Sampler()), meta, None, logits, sampling).sampled_token_ids
+    first = torch.bincount(out[:, 0].long(), minlength=5).double() / batch
+    assert ((first - p.double()).abs() <= 5 * (p * (1 - p) / batch).double().sqrt()).all(), first
+    assert torch.equal(out[:, 1] != -1, out[:, 0] == 0)  # the bonus token exactly when the draft was kept
