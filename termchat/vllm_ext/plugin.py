@@ -527,10 +527,11 @@ def accept_by_position(output_token_ids, drafts: list[int], num_draft_tokens: li
 
 def sample_by_position() -> bool:
     """Make a seed give the same reply on every run, with or without speculation
-    (wraps three vLLM functions; the unseeded rows keep vLLM's own sampling):
+    (wraps three vLLM functions; the unseeded rows draw vLLM's own noise):
     the CPU top-k/top-p sampler draws each seeded row's noise keyed by its output
     position; the rejection sampler's bonus token is keyed by the position after
-    the drafts; and its verdict on a seeded request's drafts is `accept_by_position`.
+    the drafts; and its verdict at T > 0 on drafts without probabilities is
+    `accept_by_position`, seeded or not.
     Runs no torch work. False where there is nothing to do."""
     global _outputs
     try:
