@@ -168,6 +168,7 @@ std::unique_ptr<Plan> build_plan(const std::vector<Packed*>& packed, const std::
 // kernel runs every row count, one row included, in chunks of up to 8 rows: each row comes
 // out to the bit as alone there too.
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
+constexpr int64_t Q4_1_TILE = 16 * 20;  // ggml's AMX tile of Q4_1: 16 rows x one block of 20 bytes
 constexpr int64_t Q8_0_TILE = 16 * 32 + 16 * 2 + 16 * 4;  // termchat's Q8_0 tile: values, scales, sums x 128
 constexpr int64_t FEW_ROWS = 8;  // measured: 9-16 rows gain little over AMX tiles (bench README); the registers hold 8 rows
 struct BlockQ8_1 { ggml_fp16_t d, s; int8_t qs[32]; };  // ggml's block_q8_1
@@ -175,13 +176,12 @@ static_assert(sizeof(BlockQ8_1) == 36, "block_q8_1 is 36 bytes");
 
 template <int M>
 void q4_1_few_rows_tile(const BlockQ8_1* a, const float* ds, int64_t kb, const uint8_t* tiles, float* out, int64_t ldo) {
-  constexpr int TILE_BYTES = 16 * 20;
   const __m512i low = _mm512_set1_epi8(0xF);
   __m512 vc[M];
   #pragma GCC unroll 8
   for (int r = 0; r < M; r++) vc[r] = _mm512_setzero_ps();
   for (int64_t i = 0; i < kb; i++) {
-    const uint8_t* b = tiles + i * TILE_BYTES;
+    const uint8_t* b = tiles + i * Q4_1_TILE;
     __m512i vb[8];
     #pragma GCC unroll 8
     for (int k = 0; k < 8; k += 2) {
@@ -216,7 +216,7 @@ void q4_1_few_rows_tile(const BlockQ8_1* a, const float* ds, int64_t kb, const u
 bool tileable(ggml_type type, int64_t k, int64_t rows) { return (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0) && rows % 16 == 0 && k % 32 == 0; }
 
 // bytes a tile (16 rows x one block of 32 values) takes in termchat's layout
-int64_t tile_bytes(ggml_type type) { return type == GGML_TYPE_Q8_0 ? Q8_0_TILE : 320; }
+int64_t tile_bytes(ggml_type type) { return type == GGML_TYPE_Q8_0 ? Q8_0_TILE : Q4_1_TILE; }
 
 // GGUF's Q4_1 blocks (fp16 d, fp16 m, 16 bytes: value i in the low nibble of byte i, value
 // i + 16 in its high nibble), rows [rows, k], into the tile layout the kernel reads: in tile
@@ -227,7 +227,7 @@ void tile_q4_1(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t k) {
   at::parallel_for(0, rows / 16, 1, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; n++)
       for (int64_t i = 0; i < kb; i++) {
-        uint8_t* t = dst + (n * kb + i) * 320;
+        uint8_t* t = dst + (n * kb + i) * Q4_1_TILE;
         for (int64_t j = 0; j < 16; j++) {
           const uint8_t* b = src + (n * 16 + j) * row_bytes + i * 20;
           uint8_t v[32];

@@ -574,28 +574,28 @@ def sample_by_position() -> bool:
     def keyed_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                                target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
         # requests with drafts at T > 0 whose drafts came without probabilities (ngram, suffix):
-        # each draft position is sampled as plain decoding samples it (a seeded request's noise
+        # each draft position is sampled as plain decoding samples it (a by_position request's noise
         # keyed by position, the others' from the global generator) and accept_by_position keeps
         # drafts while they equal those samples, an exact sample of the target, as vLLM's test
         # for drafts without probabilities is (accept x with p(x), else a token from p without
         # x). Drafts sampled with probabilities keep vLLM's test, which accepts them more often.
-        seeded = []
+        by_position = []
         if _verifying and draft_probs is None and sampling_metadata.temperature is not None:
             temperature = sampling_metadata.temperature.tolist()
-            seeded = [req for req, count in enumerate(num_draft_tokens) if count and temperature[req] >= 1e-5]
+            by_position = [req for req, count in enumerate(num_draft_tokens) if count and temperature[req] >= 1e-5]
         rows = {}
-        if seeded:
+        if by_position:
             sampler = _verifying[-1][0]
             starts = [0]
             for count in num_draft_tokens:
                 starts.append(starts[-1] + count)
-            slots = [(req, pos) for req in seeded for pos in range(num_draft_tokens[req])]  # one row per draft position
+            slots = [(req, pos) for req in by_position for pos in range(num_draft_tokens[req])]  # one row per draft position
             picked = target_logits[torch.tensor([starts[req] + pos for req, pos in slots], dtype=torch.long, device=target_logits.device)]
             generators = {row: sampling_metadata.generators[req] for row, (req, _) in enumerate(slots) if req in sampling_metadata.generators}
             sampled = forward_cpu(sampler, picked, keyed_generators(generators, [pos for _, pos in slots]), None, None)[0].tolist()
             for (req, _), token in zip(slots, sampled):
                 rows.setdefault(req, []).append(token)
-        if seeded and len(seeded) == sum(1 for count in num_draft_tokens if count):
+        if by_position and len(by_position) == sum(1 for count in num_draft_tokens if count):
             # accept_by_position decides every request with drafts: vLLM's verdict (its noise over
             # the vocabulary included) would be thrown away
             output = torch.full((len(num_draft_tokens), max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=target_logits.device)
