@@ -574,7 +574,7 @@ def sample_by_position() -> bool:
     def keyed_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                                target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
         # requests with drafts at T > 0 whose drafts came without probabilities (ngram, suffix):
-        # each draft position is sampled as plain decoding samples it (a by_position request's noise
+        # each draft position is sampled as plain decoding samples it (a seeded request's noise
         # keyed by position, the others' from the global generator) and accept_by_position keeps
         # drafts while they equal those samples, an exact sample of the target, as vLLM's test
         # for drafts without probabilities is (accept x with p(x), else a token from p without
