@@ -24,6 +24,19 @@ The kernels and their arguments are vLLM's own, so the result is the same to
 the bit (tests/test_attention.py). Layers it does not cover (encoder, cross
 attention, ALiBi, sinks, a shared KV cache, a quantized query, a backend other
 than CPU_ATTN) keep vLLM's path. TERMCHAT_FAST_ATTENTION=0 turns it off.
+
+A float32 layer with vLLM's "vec" cache layout, head size 64 or 128, no window,
+soft cap or scaled cache (the default's, a GGUF file's) runs termchat's own
+kernel in attend() for the rows after each request's prompt (decoding and
+verifying drafts; "own", attention_op.cpp). vLLM's, with the KV split off as
+row invariance needs, gives each KV head one thread (3 heads on 2 cores). The
+own kernel cuts each row's context at fixed 64-token boundaries, merges the
+parts in order and feeds one load of K or V to every query head of its group:
+a row's output is the same alone, in a verification or in any other step, on
+any number of threads, and within float32 rounding of vLLM's (test_attention).
+A prompt's rows keep vLLM's kernel, faster on a prefill's many rows; the model
+runner hands the prompt lengths over before each forward. TERMCHAT_OWN_ATTENTION=0
+keeps vLLM's kernel for every row.
 """
 
 from __future__ import annotations
@@ -50,9 +63,10 @@ def eligible(layer) -> bool:
     )
 
 
-def install() -> bool:
+def install(own: bool = True) -> bool:
     """Patch vLLM's Attention layer, the CPU metadata builder and the model
-    runner; False where the operator is not built or vLLM lacks the parts."""
+    runner; False where the operator is not built or vLLM lacks the parts.
+    `own`: layers the own kernel covers run it (C++ checks which do)."""
     global _installed
     if _installed:
         return True
@@ -116,13 +130,16 @@ def install() -> bool:
                 continue
             impl = layer.impl
             ops.set_layer(index, group, layer.kv_cache, layer.isa, impl.scale, impl.sliding_window, float(impl.logits_soft_cap),
-                          float(layer._k_scale_float), float(layer._v_scale_float), impl.kv_cache_dtype)
+                          float(layer._k_scale_float), float(layer._v_scale_float), impl.kv_cache_dtype, own)
         builder.termchat_layers, builder.termchat_caches = layers, caches
 
     original_model_forward = GPUModelRunner._model_forward
 
     def _model_forward(self, *args, **kwargs):
         try:
+            if own:  # a prompt's rows keep vLLM's kernel: the requests' prompt lengths, in the metadata's order
+                batch = self.input_batch
+                ops.set_prompts(batch.num_prompt_tokens_cpu_tensor[: batch.num_reqs])
             return original_model_forward(self, *args, **kwargs)
         finally:
             ops.end_steps()

@@ -812,8 +812,9 @@ def register() -> None:
         if os.environ.get("TERMCHAT_FAST_ATTENTION", "1") != "0":
             from termchat.vllm_ext import attention  # vLLM and the built operator only
 
-            if attention.install():
-                logger.info("termchat: CPU attention runs as one C++ call per layer (termchat_attn)")
+            own = os.environ.get("TERMCHAT_OWN_ATTENTION", "1") != "0"
+            if attention.install(own=own):
+                logger.info("termchat: CPU attention runs as one C++ call per layer (termchat_attn%s)", ", float32 layers on its own kernel" if own else "")
     except Exception as exc:  # never stop vLLM from starting: its own attention ops stay
         logger.warning("termchat: could not install the one-call attention (%s: %s)", type(exc).__name__, exc)
     try:

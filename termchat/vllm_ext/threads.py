@@ -21,8 +21,9 @@ busy three quarters of it (65.4 against 35.4); so a core is given up when
 others use more than 0.6 of one, and taken back under 0.35.
 
 Only the thread count changes: ggml's matmuls, vLLM's attention (KV split
-off) and inductor's kernels compute each output with one thread, so a reply
-does not depend on it (test_ggml, test_engine). Standard library only;
+off) and inductor's kernels compute each output with one thread, and
+termchat's own attention sums fixed parts of the context in a fixed order, so
+a reply does not depend on it (test_ggml, test_attention, test_engine). Standard library only;
 Linux, else the count stays as it started. TERMCHAT_ADAPTIVE_THREADS=0
 turns it off.
 """
