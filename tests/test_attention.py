@@ -36,8 +36,12 @@ def ops():
     return torch.ops.termchat_attn
 
 
-def step(torch, queries: list[int], contexts: list[int]):
+SHAPES = {"default": (HEADS, KV_HEADS, HEAD), "a 1.7B file's": (16, 8, 128), "a 7B file's": (28, 4, 128)}  # query heads, KV heads, head size
+
+
+def step(torch, queries: list[int], contexts: list[int], shape=(HEADS, KV_HEADS, HEAD)):
     """A batch: request i adds queries[i] tokens after contexts[i] already cached, in blocks of its own."""
+    heads, kv_heads, head = shape
     torch.manual_seed(len(queries) * 7 + sum(queries))
     tokens = sum(queries)
     seq_lens = [c + q for c, q in zip(contexts, queries)]
@@ -47,9 +51,9 @@ def step(torch, queries: list[int], contexts: list[int]):
     start = torch.tensor([0, *torch.tensor(queries).cumsum(0).tolist()], dtype=torch.int32)
     seq = torch.tensor(seq_lens, dtype=torch.int32)
     isa = "vec"
-    metadata = torch.ops._C.get_scheduler_metadata(len(queries), HEADS, KV_HEADS, HEAD, seq, torch.float32, start, True, -1, isa, False, None, "auto")
-    cache = torch.randn(BLOCKS * len(queries), KV_HEADS, BLOCK, 2 * HEAD)  # what earlier steps left
-    q, k, v = torch.randn(tokens, HEADS, HEAD), torch.randn(tokens, KV_HEADS, HEAD), torch.randn(tokens, KV_HEADS, HEAD)
+    metadata = torch.ops._C.get_scheduler_metadata(len(queries), heads, kv_heads, head, seq, torch.float32, start, True, -1, isa, False, None, "auto")
+    cache = torch.randn(BLOCKS * len(queries), kv_heads, BLOCK, 2 * head)  # what earlier steps left
+    q, k, v = torch.randn(tokens, heads, head), torch.randn(tokens, kv_heads, head), torch.randn(tokens, kv_heads, head)
     return dict(tokens=tokens, start=start, seq=seq, block_table=block_table, slots=torch.tensor(slots, dtype=torch.int64),
                 metadata=metadata, cache=cache, q=q, k=k, v=v, isa=isa)
 
@@ -60,7 +64,7 @@ def vllm_way(torch, s, scale):
     blocks, heads, block, _ = cache.shape
     key_cache, value_cache = cache.view(blocks, heads, block * 2, -1).chunk(2, dim=2)
     torch.ops._C.cpu_attn_reshape_and_cache(s["k"], s["v"], key_cache, value_cache, s["slots"], s["isa"], 1.0, 1.0, "auto")
-    out = torch.full((s["tokens"], HEADS, HEAD), float("nan"))
+    out = torch.full(s["q"].shape, float("nan"))
     torch.ops._C.cpu_attention_with_kv_cache(s["q"], key_cache, value_cache, out, s["start"], s["seq"], scale, True, None, -1,
                                              s["block_table"], 0.0, s["metadata"], None, None, 1.0, 1.0, "auto")
     return cache, out
@@ -72,7 +76,7 @@ def termchat_way(torch, ops, s, scale, index=0, group=0, live=True, own=False, w
     ops.end_steps()
     if live:
         ops.set_step(group, s["tokens"], s["start"], s["seq"], s["block_table"], s["slots"], s["metadata"], True, None)
-    out = torch.full((s["tokens"], HEADS, HEAD), float("nan"))
+    out = torch.full(s["q"].shape, float("nan"))
     ops.attend(s["q"], s["k"], s["v"], out, index)
     ops.end_steps()
     return cache, out
@@ -144,29 +148,31 @@ def test_a_layer_never_registered_is_an_error_during_a_step_and_skipped_in_warm_
 
 def float64_attention(torch, s, scale, cache):
     """Each row's softmax attention over its request's cached tokens 0..position, in float64."""
-    blocks, heads, block, _ = cache.shape
-    key_cache, value_cache = cache.view(blocks, heads, block * 2, -1).chunk(2, dim=2)
+    blocks, kv_heads, block, _ = cache.shape
+    heads, head = s["q"].shape[1:]
+    key_cache, value_cache = cache.view(blocks, kv_heads, block * 2, -1).chunk(2, dim=2)
     rows = []
     for r in range(len(s["seq"])):
         first, last, length = int(s["start"][r]), int(s["start"][r + 1]), int(s["seq"][r])
         used = [int(b) for b in s["block_table"][r, : -(-length // BLOCK)]]
-        keys = torch.cat([key_cache[b].reshape(KV_HEADS, HEAD, BLOCK).transpose(1, 2) for b in used], 1)[:, :length].double()  # K is kept [head size][block]
+        keys = torch.cat([key_cache[b].reshape(kv_heads, head, BLOCK).transpose(1, 2) for b in used], 1)[:, :length].double()  # K is kept [head size][block]
         values = torch.cat([value_cache[b] for b in used], 1)[:, :length].double()
         for i in range(last - first):
             position = length - (last - first) + i
-            q = s["q"][first + i].double().view(KV_HEADS, HEADS // KV_HEADS, HEAD)
+            q = s["q"][first + i].double().view(kv_heads, heads // kv_heads, head)
             weights = (torch.einsum("gqd,gtd->gqt", q, keys[:, : position + 1]) * scale).softmax(-1)
-            rows.append(torch.einsum("gqt,gtd->gqd", weights, values[:, : position + 1]).reshape(HEADS, HEAD))
+            rows.append(torch.einsum("gqt,gtd->gqd", weights, values[:, : position + 1]).reshape(heads, head))
     return torch.stack(rows)
 
 
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 @pytest.mark.parametrize("queries,contexts", [([1], [300]), ([17, 1], [0, 200]), ([4, 4, 1], [129, 40, 511]), ([1], [0])],
                          ids=["decode", "prefill beside a decode", "draft verification", "first token"])
-def test_own_kernel_is_as_close_to_float64_as_vllms(ops, queries, contexts):
+def test_own_kernel_is_as_close_to_float64_as_vllms(ops, queries, contexts, shape):
     import torch
 
-    s = step(torch, queries, contexts)
-    scale = HEAD ** -0.5
+    s = step(torch, queries, contexts, shape)
+    scale = shape[2] ** -0.5
     want_cache, vllm_out = vllm_way(torch, s, scale)
     cache, out = termchat_way(torch, ops, s, scale, own=True)
     assert torch.equal(cache, want_cache)  # the same keys and values in the same layout: vLLM's kernel could read them
@@ -185,18 +191,19 @@ def own_rows(torch, ops, s, first: int, count: int, prompt: int | None = None):
                  s["slots"][rows], s["metadata"], True, None)
     if prompt is not None:
         ops.set_prompts(torch.tensor([prompt], dtype=torch.int32))
-    out = torch.full((count, HEADS, HEAD), float("nan"))
+    out = torch.full((count, *s["q"].shape[1:]), float("nan"))
     ops.attend(s["q"][rows], s["k"][rows], s["v"][rows], out, 0)
     ops.end_steps()
     return out
 
 
-def test_own_kernel_gives_a_row_the_same_bits_alone_in_a_verification_or_a_prefill_on_any_thread_count(ops):
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_own_kernel_gives_a_row_the_same_bits_alone_in_a_verification_or_a_prefill_on_any_thread_count(ops, shape):
     """Speculation's promise rests on this: a verification step computes each row as a plain step would."""
     import torch
 
-    s = step(torch, [300], [0])  # a prefill of 300 tokens: parts of 64 end inside it
-    ops.set_layer(0, 0, s["cache"].clone(), "vec", HEAD ** -0.5, -1, 0.0, 1.0, 1.0, "auto", True)
+    s = step(torch, [300], [0], shape)  # a prefill of 300 tokens: parts of 64 end inside it
+    ops.set_layer(0, 0, s["cache"].clone(), "vec", shape[2] ** -0.5, -1, 0.0, 1.0, 1.0, "auto", True)
     threads = torch.get_num_threads()
     try:
         prefill = own_rows(torch, ops, s, 0, 300)

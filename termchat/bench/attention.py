@@ -56,6 +56,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
     contexts, row_counts = _ints(args.contexts, "--contexts"), _ints(args.rows, "--rows")
+    from termchat.vllm_ext import isa
+
+    isa.emulate()  # TERMCHAT_CPU_ISA=avx2: the operator's AVX2 build, and torch's and vLLM's AVX2 code
     import torch
     from vllm.platforms import current_platform
 
