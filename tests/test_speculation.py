@@ -130,7 +130,7 @@ def test_a_compiled_engine_starts_from_vllms_compile_cache_and_answers_as_an_eag
     must load vLLM's compile cache, which vLLM 0.32 wrote on the CPU but could
     not read (every compiled start compiled again for 80-100 s; the plugin's
     load_cpu_compile_cache mends it), and what was loaded must answer as the
-    eager engine does at T=0. So must the same profile with vLLM's own attention
+    eager engine does at T=0 (to the end of a reply's first line: see below). So must the same profile with vLLM's own attention
     ops (the one-call attention off), which inductor's C++ wrapper cannot compile:
     attention.python_ops_keep_the_python_wrapper compiles it with the Python one."""
     from termchat.engine.process import COMPILING, LOADED_COMPILED
@@ -159,7 +159,15 @@ def test_a_compiled_engine_starts_from_vllms_compile_cache_and_answers_as_an_eag
             assert COMPILING in log and "termchat_attn" not in log and "C++ wrapper is off for this model" in log, log[-3000:]
         else:
             assert COMPILING not in log
-    assert replies["compiled"] == replies["eager"] == replies["vllm-attention"]
+    # The three run other kernels for the same model: inductor's fused ones against eager torch, vLLM's attention
+    # ops against termchat_attn (whose own kernel takes the reply's rows). Their logits differ in the last bits, and
+    # ggml's 8-bit activations turn that into log-probabilities 0.1-1.9 apart at a near-tie (compiled against eager,
+    # with vLLM's attention kernel as with the own one: bench README, "Attention of termchat's own"), so a greedy
+    # reply may take another token late. A graph that computes another model (attention skipped, a wrong cache)
+    # answers otherwise from the first words: each reply opens as the eager engine's does.
+    for label in ("compiled", "vllm-attention"):
+        for mine, eager in zip(replies[label], replies["eager"]):
+            assert len(eager) >= 20 and mine.splitlines()[0] == eager.splitlines()[0], (label, mine, eager)
 
 
 @pytest.mark.parametrize("method", ["suffix", "ngram"])
