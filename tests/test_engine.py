@@ -82,7 +82,7 @@ def test_the_api_key_is_nowhere_on_disk_or_in_ps(shared_engine):
     for db in data_dir().glob("termchat.db*"):
         # read in another process: opening and closing the database file here would
         # drop the POSIX locks of this process's live connections and corrupt it
-        assert subprocess.run(["grep", "-q", "-F", key, str(db)]).returncode == 1, db
+        assert subprocess.run(["grep", "-q", "-F", "-e", key, "--", str(db)]).returncode == 1, db
 
 
 def test_request_without_the_api_key_is_refused(shared_engine):
