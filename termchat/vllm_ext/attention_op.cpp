@@ -10,7 +10,8 @@
 // once per step for its KV-cache group (attention.py does both from Python).
 //
 // For a float32 layer with no window, soft cap or scaled cache (the default's, and a GGUF
-// file's), attend() runs termchat's own kernel instead (own_attention below): vLLM's, with
+// file's), attend() runs the rows after each prompt on termchat's own kernel (own_attention
+// below; a prompt's rows keep vLLM's kernel): vLLM's, with
 // its KV split off (as row invariance needs), gives one thread per KV head, so 3 heads
 // share 2 cores unevenly, and it spent 17 us a layer on 300 tokens of context. termchat's
 // splits every row's context at fixed 64-token boundaries and merges the parts in order:
