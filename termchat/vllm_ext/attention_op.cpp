@@ -304,6 +304,9 @@ void own_attention(const Layer& layer, const Step& step, const at::Tensor& query
   const int64_t cache_block = kc.stride(0), cache_head = kc.stride(1);
   const int64_t* slots = step.slot_mapping.data_ptr<int64_t>();
   const float *k = key.data_ptr<float>(), *v = value.data_ptr<float>();
+  // The same bytes as vLLM's _C::cpu_attn_reshape_and_cache (test_attention), written here: calling
+  // it (an OpenMP region of its own) cost 1.1-1.2 us more a layer, about 35 us a step (best of 300
+  // rounds of 30 layers, five runs in turns, 50 and 300 tokens of context).
   for (int64_t t = 0; t < tokens; t++) {  // K as vLLM's "vec" layout keeps it ([d][block]), V row by row
     const int64_t slot = slots[t];
     if (slot < 0) continue;
