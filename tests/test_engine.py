@@ -207,6 +207,35 @@ def test_a_busy_process_changes_the_threads_not_the_reply(shared_engine):
     assert loaded.text == quiet.text
 
 
+def test_the_engine_has_one_gloo_loop_thread(shared_engine):
+    """vLLM's CPU worker makes 13 gloo process groups at world size 1, and torch
+    gave each a TCP loop thread waking every 10 ms: 1,290 wake-ups a second in
+    an idle engine, and a core taken from the step's threads 550-830 times in
+    2 s of decoding (bench README, "Thirteen gloo loops"). The groups share one
+    device now (threads.one_gloo_loop): one loop in the whole server."""
+    def children(pid: int) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and int(open(f"/proc/{entry}/stat").read().rpartition(")")[2].split()[1]) == pid:
+                    found.append(int(entry))
+            except OSError:
+                pass
+        return found
+
+    pids, names = [shared_engine.pid], []
+    while pids:
+        pid = pids.pop()
+        pids += children(pid)
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                names.append(open(f"/proc/{pid}/task/{task}/comm").read().strip())
+            except OSError:
+                pass
+    assert "VLLM::EngineCor" in names  # the engine core was among them
+    assert names.count("gloo_tcp_loop") == 1, names
+
+
 def test_a_start_that_compiles_says_so_and_one_that_loads_the_cache_does_not(tmp_path):
     """The progress of an engine start names the long phase (vLLM compiling the
     model on the first start of its settings) from vLLM's own log lines, and

@@ -102,3 +102,46 @@ def test_this_machine_reads():
     g = Governor(2)
     assert g._read() is not None  # /proc/stat and /proc/self/stat parse here
 
+
+
+GLOO_GROUPS = """
+import os, sys
+import torch, torch.distributed as dist
+from termchat.vllm_ext import threads
+shared = sys.argv[1] == "shared"
+if shared:
+    assert threads.one_gloo_loop()
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+groups = [dist.new_group([0], backend="gloo") for _ in range(4)]
+total = torch.tensor([1.0, 2.0])
+dist.all_reduce(total, group=groups[2])
+dist.barrier(group=groups[3])
+loops = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")].count("gloo_tcp_loop")
+for group in groups:
+    dist.destroy_process_group(group)
+dist.destroy_process_group()
+print(loops, total.tolist())
+"""
+
+
+def test_one_gloo_loop_gives_every_process_group_one_shared_loop_thread():
+    """torch gives each gloo process group a device and a thread of its own that
+    wakes every 10 ms (vLLM makes 13 at world size 1); with one_gloo_loop the
+    groups share one, and still reduce, meet at a barrier and close."""
+    import subprocess
+    import sys
+
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", GLOO_GROUPS, mode], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        loops, total = out.stdout.strip().splitlines()[-1].split(" ", 1)
+        return int(loops), total
+
+    assert run("torch's") == (5, "[1.0, 2.0]")  # the default group and four more, a loop each
+    assert run("shared") == (1, "[1.0, 2.0]")
+
+
+def test_one_gloo_loop_leaves_a_named_interface_to_torch(monkeypatch):
+    """GLOO_SOCKET_IFNAME asks torch for a device per named interface: not replaced."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert threads.one_gloo_loop() is False

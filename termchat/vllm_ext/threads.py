@@ -132,3 +132,47 @@ def adapt_worker_threads() -> bool:
 
     cpu_worker.CPUWorker.execute_model = execute_model
     return True
+
+
+def one_gloo_loop() -> bool:
+    """Every gloo process group of this process on one shared gloo device.
+
+    vLLM's CPU worker makes 13 gloo process groups, even at world size 1 (the
+    default group, then a device and a CPU group for each kind of
+    parallelism). torch gives each group a gloo device of its own, and each
+    device a thread that wakes every 10 ms (gloo's tcp `Device::loop`): 1,290
+    wake-ups a second in an idle engine. During a reply they took the step's
+    two threads off their cores about 4 times a step, 21-31 us each (median),
+    and one thread off its core stalls the other at the next barrier
+    (`perf sched`: 37-89 ms of a 169-token reply; bench README, "Thirteen
+    gloo loops"). One device, shared, has one such thread; the groups work as
+    before. torch builds a group's gloo backend with `ProcessGroupGloo(store,
+    rank, size, timeout=...)`; this subclass gives that call the shared device
+    and leaves every other form, and GLOO_SOCKET_IFNAME (a device per named
+    interface), to torch. False where torch has no gloo."""
+    from torch.distributed import distributed_c10d as c10d
+
+    original = getattr(c10d, "ProcessGroupGloo", None)
+    if original is None or not c10d.is_gloo_available() or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return False
+    if getattr(original, "termchat_shared_device", False):
+        return True
+    devices = []
+
+    class ProcessGroupGloo(original):
+        termchat_shared_device = True
+
+        def __init__(self, store, rank, size, *args, **kwargs):
+            if args or set(kwargs) - {"timeout"}:  # options of the caller's own: as torch builds it
+                super().__init__(store, rank, size, *args, **kwargs)
+                return
+            options = original._Options()
+            if kwargs.get("timeout") is not None:
+                options._timeout = kwargs["timeout"]
+            if not devices:
+                devices.append(original.create_default_device())
+            options._devices = devices
+            super().__init__(store, rank, size, options)
+
+    c10d.ProcessGroupGloo = ProcessGroupGloo
+    return True
