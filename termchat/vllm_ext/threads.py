@@ -141,11 +141,10 @@ def one_gloo_loop() -> bool:
     default group, then a device and a CPU group for each kind of
     parallelism). torch gives each group a gloo device of its own, and each
     device a thread that wakes every 10 ms (gloo's tcp `Device::loop`): 1,290
-    wake-ups a second in an idle engine. During a reply they took the step's
-    two threads off their cores about 4 times a step, 21-31 us each (median),
-    and one thread off its core stalls the other at the next barrier
-    (`perf sched`: 37-89 ms of a 169-token reply; bench README, "Thirteen
-    gloo loops"). One device, shared, has one such thread; the groups work as
+    wake-ups a second in an idle engine. During a reply they took a core from
+    the step's two threads 2-8 times a step, 21-35 us each (median), and one
+    thread off its core stalls the other at the next barrier (`perf sched`:
+    26-89 ms of a 169-token reply; bench README, "Thirteen gloo loops"). One device, shared, has one such thread; the groups work as
     before. torch builds a group's gloo backend with `ProcessGroupGloo(store,
     rank, size, timeout=...)`; this subclass gives that call the shared device
     and leaves every other form, and GLOO_SOCKET_IFNAME (a device per named
@@ -166,12 +165,16 @@ def one_gloo_loop() -> bool:
             if args or set(kwargs) - {"timeout"}:  # options of the caller's own: as torch builds it
                 super().__init__(store, rank, size, *args, **kwargs)
                 return
-            options = original._Options()
-            if kwargs.get("timeout") is not None:
-                options._timeout = kwargs["timeout"]
-            if not devices:
-                devices.append(original.create_default_device())
-            options._devices = devices
+            try:
+                options = original._Options()
+                if kwargs.get("timeout") is not None:
+                    options._timeout = kwargs["timeout"]
+                if not devices:
+                    devices.append(original.create_default_device())
+                options._devices = devices
+            except Exception:  # a torch whose options differ: a device of the group's own, as before
+                super().__init__(store, rank, size, **kwargs)
+                return
             super().__init__(store, rank, size, options)
 
     c10d.ProcessGroupGloo = ProcessGroupGloo
