@@ -122,6 +122,7 @@ constexpr int64_t W = Vec::size();
 constexpr int64_t NV = SPLIT / W;  // vectors of scores in a part
 constexpr int64_t MAX_GROUP = 32;  // query heads per KV head the kernel takes (attend() leaves larger groups to vLLM)
 constexpr int64_t ACCUMULATORS = 16;  // vector registers a block of heads may hold
+constexpr int64_t TILE = 16;  // rows of one request an item covers: a part's K and V stay in cache across them
 constexpr int64_t PARTS_IN_FLIGHT = 1024;  // rows x parts of one parallel region: its scratch is at most 1024 x heads x (D + 2) floats
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
@@ -195,37 +196,49 @@ void values(const float* p, const float* v, int64_t offset, int64_t n, float* ou
     UNROLL for (int64_t c = 0; c < C; c++) acc[h][c].store(out + h * out_stride + 2 + c * W);
 }
 
-// one row, the `group` heads from q on, one part of n tokens: out_h = {m, l, sum_t exp(s_t - m) v_t}, out_stride apart
+// Rows of one request against one part of its context: row r's `group` heads start at q[r]
+// and see the part's first n[r] tokens; out[r] gets head h's {m, l, sum_t exp(s_t - m) v_t} at
+// h * out_stride. The rows go through each phase together (every row's scores, then every
+// row's softmax, then every row's values), so the part's K stays in L1 across the rows' scores
+// and its V across their values; each row's sums run in the same order as for a row alone.
+constexpr int64_t QUERY_BLOCK = 64;  // rows x heads whose scores one pass holds (16 KB)
+
 template <int64_t D>
-void part(const float* q, int64_t q_head, int64_t group, const float* k, const float* v, int64_t block, int64_t offset, int64_t n,
-          float scale, float* out, int64_t out_stride) {
+void part(const float* const* q, const int64_t* n, float* const* out, int64_t rows, int64_t q_head, int64_t group, const float* k,
+          const float* v, int64_t block, int64_t offset, float scale, int64_t out_stride) {
   constexpr int64_t SCORE_HEADS = std::max<int64_t>(1, ACCUMULATORS / NV), VALUE_HEADS = std::max<int64_t>(1, ACCUMULATORS / (D / W));
-  alignas(64) float s[MAX_GROUP * SPLIT];
-  const int64_t nv = (n + W - 1) / W;
-  for (int64_t h0 = 0; h0 < group; h0 += SCORE_HEADS)
-    upto<SCORE_HEADS>(std::min(SCORE_HEADS, group - h0), [&]<int64_t HB>() {
-      upto<NV>(nv, [&]<int64_t V>() { scores<D, HB, V>(q + h0 * q_head, q_head, k, block, offset, scale, s + h0 * SPLIT); });
-    });
-  for (int64_t h = 0; h < group; h++) {
-    float* sh = s + h * SPLIT;
-    for (int64_t j = n; j < nv * W; j++) sh[j] = NEG_INF;
-    Vec top(NEG_INF);
-    for (int64_t j = 0; j < nv; j++) top = at::vec::maximum(top, Vec::loadu(sh + j * W));
-    const float m = top.reduce_max();
-    Vec sum(0.f);
-    for (int64_t j = 0; j < nv; j++) {
-      const Vec e = (Vec::loadu(sh + j * W) - Vec(m)).exp_u20();
-      e.store(sh + j * W);
-    }
-    for (int64_t j = n; j < nv * W; j++) sh[j] = 0.f;  // exp(-inf) is 0 already; this says so for any exp
-    for (int64_t j = 0; j < nv; j++) sum = sum + Vec::loadu(sh + j * W);
-    out[h * out_stride] = m;
-    out[h * out_stride + 1] = sum.reduce_add();
+  alignas(64) float s[QUERY_BLOCK * SPLIT];  // row r, head h: s + (r * group + h) * SPLIT
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t nv = (n[r] + W - 1) / W;
+    for (int64_t h0 = 0; h0 < group; h0 += SCORE_HEADS)
+      upto<SCORE_HEADS>(std::min(SCORE_HEADS, group - h0), [&]<int64_t HB>() {
+        upto<NV>(nv, [&]<int64_t V>() { scores<D, HB, V>(q[r] + h0 * q_head, q_head, k, block, offset, scale, s + (r * group + h0) * SPLIT); });
+      });
   }
-  for (int64_t h0 = 0; h0 < group; h0 += VALUE_HEADS)
-    upto<VALUE_HEADS>(std::min(VALUE_HEADS, group - h0), [&]<int64_t HB>() {
-      values<D, HB>(s + h0 * SPLIT, v, offset, n, out + h0 * out_stride, out_stride);
-    });
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t nv = (n[r] + W - 1) / W;
+    for (int64_t h = 0; h < group; h++) {
+      float* sh = s + (r * group + h) * SPLIT;
+      for (int64_t j = n[r]; j < nv * W; j++) sh[j] = NEG_INF;
+      Vec top(NEG_INF);
+      for (int64_t j = 0; j < nv; j++) top = at::vec::maximum(top, Vec::loadu(sh + j * W));
+      const float m = top.reduce_max();
+      Vec sum(0.f);
+      for (int64_t j = 0; j < nv; j++) {
+        const Vec e = (Vec::loadu(sh + j * W) - Vec(m)).exp_u20();
+        e.store(sh + j * W);
+      }
+      for (int64_t j = n[r]; j < nv * W; j++) sh[j] = 0.f;  // exp(-inf) is 0 already; this says so for any exp
+      for (int64_t j = 0; j < nv; j++) sum = sum + Vec::loadu(sh + j * W);
+      out[r][h * out_stride] = m;
+      out[r][h * out_stride + 1] = sum.reduce_add();
+    }
+  }
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t h0 = 0; h0 < group; h0 += VALUE_HEADS)
+      upto<VALUE_HEADS>(std::min(VALUE_HEADS, group - h0), [&]<int64_t HB>() {
+        values<D, HB>(s + (r * group + h0) * SPLIT, v, offset, n[r], out[r] + h0 * out_stride, out_stride);
+      });
 }
 
 template <int64_t D>
@@ -243,12 +256,20 @@ void run(const Geometry& g, const std::vector<Item>& items, const std::vector<st
       const int64_t block = g.block_table[it.request * g.table_row + start / g.block];  // checked before the region
       const float* k = g.key_cache + block * g.cache_block + it.kv_head * g.cache_head;
       const float* v = g.value_cache + block * g.cache_block + it.kv_head * g.cache_head;
+      const float* q[TILE];
+      int64_t n[TILE];
+      float* out[TILE];
+      int64_t rows = 0;
+      const int64_t per_pass = std::max<int64_t>(1, QUERY_BLOCK / group);
       for (int64_t row = it.row0; row < it.row1; row++) {
         const int64_t p = positions[row];
         if (p < start) continue;
-        part<D>(g.query + row * g.q_row + it.kv_head * group * g.q_head, g.q_head, group, k, v, g.block, start % g.block,
-                std::min(SPLIT, p + 1 - start), g.scale, slot(it.first + row - it.row0, it.kv_head * group, it.part), head_stride);
+        q[rows] = g.query + row * g.q_row + it.kv_head * group * g.q_head;
+        n[rows] = std::min(SPLIT, p + 1 - start);
+        out[rows] = slot(it.first + row - it.row0, it.kv_head * group, it.part);
+        if (++rows == per_pass) part<D>(q, n, out, rows, g.q_head, group, k, v, g.block, start % g.block, g.scale, head_stride), rows = 0;
       }
+      if (rows) part<D>(q, n, out, rows, g.q_head, group, k, v, g.block, start % g.block, g.scale, head_stride);
     }
 #pragma omp for schedule(static)
     for (size_t r = 0; r < rows.size() * g.heads; r++) {
@@ -337,7 +358,7 @@ void own_attention(const Layer& layer, const Step& step, const at::Tensor& query
     else own::run<128>(g, items, rows, positions, max_parts, scratch.data(), output.data_ptr<float>(), output.stride(0), output.stride(1));
     items.clear(), rows.clear(), max_parts = 0;
   };
-  constexpr int64_t TILE = 16;  // rows of one request an item covers: a part's K and V stay in cache across them
+  constexpr int64_t TILE = own::TILE;
   const int64_t requests = seq.size(0);
   const int32_t* prompt = prompts.defined() && prompts.size(0) >= requests ? prompts.data_ptr<int32_t>() : nullptr;
   std::vector<int64_t> prompt_rows(requests, 0);  // the first rows of each request that belong to its prompt
