@@ -9,7 +9,10 @@ sit at the end of `context` tokens. Each round runs one step through
 termchat_attn's attend() with every layer on vLLM's kernel (VLLM_CPU_ATTN_SPLIT_KV
 off, as the engine runs it), then with every layer on the own kernel
 (vllm_ext/attention_op.cpp), so a slow minute of a shared host slows both.
-Prints the ms of the 30 layers (median of rounds) and vLLM's over the own's.
+Prints the ms of the 30 layers (median of rounds) and vLLM's over the own's,
+then the same ratio of each kernel's best round: on a shared host whose speed
+drifts by a third within minutes, the best rounds moved least between runs
+(bench README, "Drafts of 16 on the own attention kernel").
 Both include writing the step's keys and values into the cache, and the
 Python call per layer (a few us) that the compiled model does not make.
 """
@@ -72,14 +75,15 @@ def main() -> None:
     torch.manual_seed(0)
     print(machine_line())
     print(f"attention of {LAYERS} layers (ms, median of {args.rounds} rounds; threads {torch.get_num_threads()})\n")
-    print("| context | rows | vLLM's kernel | own kernel | vLLM / own |\n|---|---|---|---|---|")
+    print("| context | rows | vLLM's kernel | own kernel | vLLM / own | best rounds: vLLM / own |\n|---|---|---|---|---|---|")
     for context in contexts:
         for rows in row_counts:
             if rows > context:
                 continue
             times = timed_together(step_passes(torch, ops, context, rows), args.rounds)
             vllm, own = (statistics.median(times[name]) * 1000 for name in ("vllm", "own"))
-            print(f"| {context} | {rows} | {vllm:.3f} | {own:.3f} | {vllm / own:.2f} |", flush=True)
+            best = min(times["vllm"]) / min(times["own"])
+            print(f"| {context} | {rows} | {vllm:.3f} | {own:.3f} | {vllm / own:.2f} | {best:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
