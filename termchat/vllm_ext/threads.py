@@ -142,10 +142,11 @@ def one_gloo_loop() -> bool:
     parallelism). torch gives each group a gloo device of its own, and each
     device a thread that wakes every 10 ms (gloo's tcp `Device::loop`): 1,290
     wake-ups a second in an idle engine. During a reply they took a core from
-    the step's two threads 2-8 times a step, 21-35 us each (median), and one
+    the step's two threads 2-7 times a step, 23-35 us each (median), and one
     thread off its core stalls the other at the next barrier (`perf sched`:
-    26-89 ms of a 169-token reply; bench README, "Thirteen gloo loops"). One device, shared, has one such thread; the groups work as
-    before. torch builds a group's gloo backend with `ProcessGroupGloo(store,
+    26-58 ms of a 169-token reply; bench README, "Thirteen gloo loops").
+    One device, shared, has one such thread; the groups work as before.
+    torch builds a group's gloo backend with `ProcessGroupGloo(store,
     rank, size, timeout=...)`; this subclass gives that call the shared device
     and leaves every other form, and GLOO_SOCKET_IFNAME (a device per named
     interface), to torch. False where torch has no gloo."""
