@@ -256,20 +256,24 @@ void run(const Geometry& g, const std::vector<Item>& items, const std::vector<st
       const int64_t block = g.block_table[it.request * g.table_row + start / g.block];  // checked before the region
       const float* k = g.key_cache + block * g.cache_block + it.kv_head * g.cache_head;
       const float* v = g.value_cache + block * g.cache_block + it.kv_head * g.cache_head;
-      const float* q[TILE];
+      const float* q[TILE];  // the item's rows that see this part, gathered for part<D>()
       int64_t n[TILE];
       float* out[TILE];
-      int64_t rows = 0;
+      int64_t gathered = 0;
       const int64_t per_pass = std::max<int64_t>(1, QUERY_BLOCK / group);
+      auto flush = [&] {
+        if (gathered) part<D>(q, n, out, gathered, g.q_head, group, k, v, g.block, start % g.block, g.scale, head_stride);
+        gathered = 0;
+      };
       for (int64_t row = it.row0; row < it.row1; row++) {
         const int64_t p = positions[row];
         if (p < start) continue;
-        q[rows] = g.query + row * g.q_row + it.kv_head * group * g.q_head;
-        n[rows] = std::min(SPLIT, p + 1 - start);
-        out[rows] = slot(it.first + row - it.row0, it.kv_head * group, it.part);
-        if (++rows == per_pass) part<D>(q, n, out, rows, g.q_head, group, k, v, g.block, start % g.block, g.scale, head_stride), rows = 0;
+        q[gathered] = g.query + row * g.q_row + it.kv_head * group * g.q_head;
+        n[gathered] = std::min(SPLIT, p + 1 - start);
+        out[gathered] = slot(it.first + row - it.row0, it.kv_head * group, it.part);
+        if (++gathered == per_pass) flush();
       }
-      if (rows) part<D>(q, n, out, rows, g.q_head, group, k, v, g.block, start % g.block, g.scale, head_stride);
+      flush();
     }
 #pragma omp for schedule(static)
     for (size_t r = 0; r < rows.size() * g.heads; r++) {
