@@ -213,20 +213,10 @@ def test_the_engine_has_one_gloo_loop_thread(shared_engine):
     an idle engine, and a core taken from the step's threads 550-830 times in
     2 s of decoding (bench README, "Thirteen gloo loops"). The groups share one
     device now (threads.one_gloo_loop): one loop in the whole server."""
-    def children(pid: int) -> list[int]:
-        found = []
-        for entry in os.listdir("/proc"):
-            try:
-                if entry.isdigit() and int(open(f"/proc/{entry}/stat").read().rpartition(")")[2].split()[1]) == pid:
-                    found.append(int(entry))
-            except OSError:
-                pass
-        return found
+    from termchat.engine.proc import group_members
 
-    pids, names = [shared_engine.pid], []
-    while pids:
-        pid = pids.pop()
-        pids += children(pid)
+    names = []
+    for pid in group_members(shared_engine.pid):  # the server's process group: it and its engine core
         for task in os.listdir(f"/proc/{pid}/task"):
             try:
                 names.append(open(f"/proc/{pid}/task/{task}/comm").read().strip())
