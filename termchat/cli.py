@@ -130,7 +130,7 @@ def cmd_models_found(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from termchat.engine import registry
+    from termchat.engine import registry, state
     from termchat.engine.command import server_command
     from termchat.engine.process import ManagedEngine
 
@@ -150,11 +150,21 @@ def cmd_serve(args) -> int:
     # SIGTERM, and SIGINT even where a shell started us with it ignored, stop cleanly
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, interrupt)
+    there = registry.live_record(profile.name)
+    if there is not None and there.keep_alive is not None and not state.live_leases(there.pid):  # warm and idle: serve takes over
+        for idle in registry.running_engines():
+            if idle.pid == there.pid:
+                registry.stop_engine(idle)
+                print(inert(f"stopped the idle warm engine of '{profile.name}' (pid {idle.pid}) to serve the profile here"), file=sys.stderr)
+    elif there is not None:
+        raise UserError(registry.in_the_way(profile.name, there))
     engine = ManagedEngine.launch(profile)
     try:
+        there = registry.write_state(engine)  # findable while it starts: `ask` waits for it instead of starting its own
+        if there is not None:
+            raise UserError(registry.in_the_way(profile.name, there))
         engine.wait_ready(progress=show)
         done()
-        registry.write_state(engine)
         print(inert(f"serving profile '{profile.name}' at {engine.base_url} (API key in {registry.state_file(profile.name)}); log: {engine.log_path}"), file=sys.stderr)
         print("termchat ask --profile " + profile.name + " attaches to it. Ctrl+C stops it.", file=sys.stderr)
         engine.process.wait()  # until Ctrl+C / SIGTERM, or the engine dies
@@ -163,7 +173,7 @@ def cmd_serve(args) -> int:
         return 0
     finally:
         done()
-        registry.remove_state(profile.name)
+        registry.remove_state(profile.name, engine.pid)
         engine.stop()
 
 

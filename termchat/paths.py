@@ -139,10 +139,12 @@ def read_json(path: Path, limit: int | None = None):
         return None
 
 
-def write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes, replace: bool = True) -> bool:
     """Write a private file whole (0600): to a new file beside it, renamed over
     it, so a symlink or another file planted at `path` is replaced, never
-    followed or written through, and an existing file's looser mode goes."""
+    followed or written through, and an existing file's looser mode goes.
+    With `replace` False, only where nothing is at `path` (linked into place,
+    so of two writers one wins): False when something was."""
     private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -150,7 +152,20 @@ def write_private(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             os.fchmod(handle.fileno(), 0o600)  # whatever the umask
             handle.write(data)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: checked, then renamed (two writers could both win)
+            if os.path.lexists(path):
+                return False
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

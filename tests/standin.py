@@ -7,14 +7,18 @@ Only for what the real engine cannot be made to do on demand:
 - `SlowEndpoint`: the keyboard monkey's engine (tests/monkey.py), which streams
   short replies a few milliseconds a step, at any moment, and records every
   request.
+- `server_lookalike`: a sleeping process whose command line names vLLM's
+  server module, which is all the engine registry checks of a process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import sys
 import ssl
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -313,3 +317,22 @@ class Hostile:
         self.stopped.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextlib.contextmanager
+def server_lookalike(seconds: int = 120):
+    """A process the registry takes for a vLLM server (NOT one: it answers
+    nothing), in a session of its own, exec'd before it is handed out."""
+    from termchat.engine import proc
+    from termchat.engine.command import SERVER_MODULE
+
+    child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", SERVER_MODULE], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while SERVER_MODULE.encode() not in proc.cmdline(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the child has exec'd (its cmdline is empty before)
+        assert SERVER_MODULE.encode() in proc.cmdline(child.pid)
+        yield child
+    finally:
+        child.kill()
+        child.wait()

@@ -25,6 +25,7 @@ from termchat.engine.proc import group_members
 from termchat.profiles import load_config
 
 from .conftest import ROOT, TERMCHAT, engine_profile
+from .standin import server_lookalike
 
 pytestmark = pytest.mark.engine
 
@@ -303,23 +304,14 @@ def test_a_recycled_pid_that_looks_like_an_engine_is_neither_waited_on_nor_signa
     """A state file whose pid now belongs to another process that looks like
     a vLLM server: stale (its start time differs), removed, and that process
     is left alone."""
-    from termchat.engine.command import SERVER_MODULE
     from termchat.profiles import builtin_profiles
 
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", SERVER_MODULE], start_new_session=True)
-    try:
+    with server_lookalike(60) as other:
         profile = builtin_profiles()["local"].without_speculation()
         path = registry.state_file(profile.name)
         record = state.EngineRecord("http://127.0.0.1:9/v1", "k", other.pid, "1", profile.model, "/l", fingerprint=registry.fingerprint(profile), keep_alive=60.0)
         state.write_record(path, record)
-        deadline = time.monotonic() + 10
-        while SERVER_MODULE.encode() not in proc.cmdline(other.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)  # until the child has exec'd (its cmdline is empty before)
-        assert SERVER_MODULE.encode() in proc.cmdline(other.pid)
         assert registry.find_served(profile, lease=True) is None
         assert not path.exists()
         time.sleep(0.5)
         assert other.poll() is None  # not signalled
-    finally:
-        other.kill()
-        other.wait()

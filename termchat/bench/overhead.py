@@ -22,6 +22,7 @@ import httpx
 
 from termchat.engine import registry
 from termchat.engine.client import SSELines
+from termchat.errors import UserError
 from termchat.engine.process import ManagedEngine
 from termchat.profiles import load_config
 
@@ -100,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             engine.wait_ready()
             # `termchat ask --profile NAME` attaches to a served engine of that name
-            registry.write_state(engine)
+            there = registry.write_state(engine)
+            if there is not None:
+                raise UserError(registry.in_the_way(profile.name, there))
             direct(engine, args.max_tokens)  # warm-up: the first request after start-up is slow
             a, b = [], []
             for run in range(args.runs):
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {label} run {run + 1}: direct {a[-1]:.1f}, termchat {b[-1]:.1f} tok/s", file=sys.stderr, flush=True)
             rows[label] = (statistics.median(a), statistics.median(b))
         finally:
-            registry.remove_state(profile.name)
+            registry.remove_state(profile.name, engine.pid)
             engine.stop()
     print(f"\ndecode tokens/s, median of {args.runs} runs, temperature 0, max {args.max_tokens} tokens, profile {args.profile}")
     print(f"{'':16}{'vLLM direct':>12}{'termchat ask':>14}{'overhead':>10}")

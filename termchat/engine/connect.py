@@ -9,6 +9,7 @@ from collections.abc import Callable
 from termchat.engine import registry, state
 from termchat.engine.endpoint import Engine, EngineState, remote_engine
 from termchat.engine.process import ManagedEngine, Progress
+from termchat.errors import UserError
 from termchat.profiles import Profile
 
 
@@ -32,26 +33,31 @@ async def open_engine_async(
     if profile.is_remote:
         return remote_engine(profile)
     keep_alive = profile.keep_alive_s if keep_warm and attach else 0.0
-    if attach:
-        served = await asyncio.to_thread(registry.find_served, profile, keep_alive > 0)
-        if served is not None:
-            if served.state == EngineState.STARTING:  # warm, started by another front-end moments ago
-                try:
-                    await served.wait_ready_async(timeout=timeout, progress=progress)
-                except BaseException:
-                    served.release()  # its lease; the front-end that started it reports its failure
-                    raise
-            return served
-    if keep_alive > 0:
-        await asyncio.to_thread(registry.make_room, keep=profile.name)
-    engine = ManagedEngine.launch(profile, keep_alive=keep_alive)
-    if keep_alive > 0:
-        engine.lease = state.take_lease(engine.pid)  # before the engine's watchdog first looks
-        registry.write_state(engine, keep_alive)  # findable while it starts: a second front-end waits for it
-    if launched is not None:
-        launched(engine)
-    await engine.wait_ready_async(timeout=timeout, progress=progress)
-    return engine
+    for _ in range(2):
+        if attach:
+            served = await asyncio.to_thread(registry.find_served, profile, keep_alive > 0, True)
+            if served is not None:
+                if served.state == EngineState.STARTING:  # started by `termchat serve` or another front-end moments ago
+                    try:
+                        await served.wait_ready_async(timeout=timeout, progress=progress)
+                    except BaseException:
+                        served.release()  # its lease, if any; whoever started it reports its failure
+                        raise
+                return served
+        if keep_alive > 0:
+            await asyncio.to_thread(registry.make_room, keep=profile.name)
+        engine = ManagedEngine.launch(profile, keep_alive=keep_alive)
+        if keep_alive > 0:
+            engine.lease = state.take_lease(engine.pid)  # before the engine's watchdog first looks
+            # findable while it starts: a second front-end waits for it
+            if registry.write_state(engine, keep_alive) is not None:  # another engine of the profile was recorded meanwhile: use that one
+                await asyncio.to_thread(engine.stop)
+                continue
+        if launched is not None:
+            launched(engine)
+        await engine.wait_ready_async(timeout=timeout, progress=progress)
+        return engine
+    raise UserError(f"profile '{profile.name}': another engine of it was started at the same moment, twice; try again")
 
 
 def open_engine(profile: Profile, progress: Progress | None = None, attach: bool = True, timeout: float = 600.0, keep_warm: bool = False) -> Engine:

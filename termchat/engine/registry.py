@@ -9,6 +9,13 @@ pid that is not this user's vLLM server started at the recorded time is
 removed, and a fresh engine is started instead: its pid is never waited on
 or signalled. The file also holds the fingerprint of the settings the engine
 was started with: a profile edited since does not attach to the stale engine.
+
+One live engine is recorded per profile, from its launch on: a record is
+written only where none names a live engine (write_state), so `termchat
+serve` and a front-end starting at the same moment never hide each other's
+engine from `ps` and `stop`. Serve refuses a profile whose engine is served
+or in use (and replaces an idle warm one); a front-end waits for a starting
+one instead of starting a second.
 """
 
 from __future__ import annotations
@@ -43,34 +50,64 @@ def fingerprint(profile: Profile) -> str:
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
 
 
-def write_state(engine: ManagedEngine, keep_alive: float | None = None) -> Path:
-    """Make the engine findable; `keep_alive` marks a warm engine (None: `termchat serve`'s)."""
+def write_state(engine: ManagedEngine, keep_alive: float | None = None) -> state.EngineRecord | None:
+    """Make the engine findable, from its launch on; `keep_alive` marks a warm
+    engine (None: `termchat serve`'s). Never over a live engine's record, so
+    that no engine goes unseen by `ps` and `stop`: that record is returned
+    (and nothing written); None once written. An empty, damaged or stale
+    file is replaced."""
     path = state_file(engine.profile.name)
     record = state.EngineRecord(
         base_url=engine.base_url, api_key=engine.api_key or "", pid=engine.pid, started=proc.started_at(engine.pid) or "",
         model=engine.model_name, log=str(engine.log_path), method=engine.profile.method or "plain",
         fingerprint=fingerprint(engine.profile), keep_alive=keep_alive,
     )
-    state.write_record(path, record)
-    return path
+    for _ in range(3):
+        if state.write_record(path, record, replace=False):
+            return None
+        there = live_record(engine.profile.name)
+        if there is not None:
+            return there
+    raise OSError(f"could not write {path}")
 
 
-def remove_state(profile_name: str) -> None:
-    state_file(profile_name).unlink(missing_ok=True)
-
-
-def find_served(profile: Profile, lease: bool = False) -> ManagedEngine | None:
-    """A running engine of this profile, started with its current settings:
-    up and answering, or (a warm engine) still starting. With `lease`, this
-    process takes a lease on a warm one, before checking that it has not just
-    expired."""
-    path = state_file(profile.name)
+def live_record(profile_name: str) -> state.EngineRecord | None:
+    """The record of a live engine of this profile, whatever its settings; a
+    file that names none is removed."""
+    path = state_file(profile_name)
     record = state.read_record(path)
-    if record is None or not is_loopback(record.base_url) or not is_our_engine(record):
-        if os.path.lexists(path):
-            state.remove_entry(path)  # empty, damaged, stale or not ours: a fresh start is the answer
-        if record is not None and not record.is_running():
-            state.remove_leases(record.pid)  # an engine that died: its leases hold nothing
+    if record is not None and is_loopback(record.base_url) and is_our_engine(record):
+        return record
+    if os.path.lexists(path):
+        state.remove_entry(path)  # empty, damaged, stale or not ours
+    if record is not None and not record.is_running():
+        state.remove_leases(record.pid)  # an engine that died: its leases hold nothing
+    return None
+
+
+def in_the_way(profile_name: str, record: state.EngineRecord) -> str:
+    """Why a second engine of this profile does not start, and what to do."""
+    users = len(state.live_leases(record.pid))
+    whose = "`termchat serve`" if record.keep_alive is None else f"a front-end, kept warm, used by {users} now"
+    return (f"profile '{profile_name}' already has an engine (pid {record.pid} at {record.base_url}, started by {whose}): "
+            f"`termchat ask --profile {profile_name}` uses it; `termchat stop {profile_name}` ends it")
+
+
+def remove_state(profile_name: str, pid: int) -> None:
+    """The profile's record, if it is this engine's."""
+    path = state_file(profile_name)
+    if state.is_mine(path, pid):
+        path.unlink(missing_ok=True)
+
+
+def find_served(profile: Profile, lease: bool = False, starting: bool = False) -> ManagedEngine | None:
+    """A running engine of this profile, started with its current settings:
+    up and answering, or still starting (a warm engine this process leases,
+    or with `starting` any). With `lease`, this process takes a lease on a
+    warm one, before checking that it has not just expired."""
+    path = state_file(profile.name)
+    record = live_record(profile.name)
+    if record is None:
         return None
     if record.fingerprint != fingerprint(profile):  # the profile changed since it started
         if record.keep_alive is not None and not state.live_leases(record.pid):
@@ -86,7 +123,7 @@ def find_served(profile: Profile, lease: bool = False) -> ManagedEngine | None:
             return None
     if engine.health_now():
         return engine
-    if engine.lease is not None and engine.alive():  # a warm engine still starting: wait for it
+    if (engine.lease is not None or starting) and engine.alive():  # still starting: wait for it
         engine.state = EngineState.STARTING
         return engine
     state.drop_lease(engine.lease)

@@ -93,9 +93,10 @@ def read_record(path: Path) -> EngineRecord | None:
     return parse_record(paths.read_private(path, STATE_LIMIT))
 
 
-def write_record(path: Path, record: EngineRecord) -> None:
-    """0600 (it holds the API key), whole, never through a symlink."""
-    paths.write_private(path, json.dumps(asdict(record)).encode())
+def write_record(path: Path, record: EngineRecord, replace: bool = True) -> bool:
+    """0600 (it holds the API key), whole, never through a symlink. With
+    `replace` False, only where no file is: False when one was."""
+    return paths.write_private(path, json.dumps(asdict(record)).encode(), replace=replace)
 
 
 def state_files(folder: Path | None = None) -> list[Path]:
