@@ -157,12 +157,12 @@ def cmd_serve(args) -> int:
                 registry.stop_engine(idle)
                 print(inert(f"stopped the idle warm engine of '{profile.name}' (pid {idle.pid}) to serve the profile here"), file=sys.stderr)
     elif there is not None:
-        raise UserError(registry.in_the_way(profile.name, there))
+        raise UserError(registry.in_the_way(profile, there))
     engine = ManagedEngine.launch(profile)
     try:
         there = registry.write_state(engine)  # findable while it starts: `ask` waits for it instead of starting its own
         if there is not None:
-            raise UserError(registry.in_the_way(profile.name, there))
+            raise UserError(registry.in_the_way(profile, there))
         engine.wait_ready(progress=show)
         done()
         print(inert(f"serving profile '{profile.name}' at {engine.base_url} (API key in {registry.state_file(profile.name)}); log: {engine.log_path}"), file=sys.stderr)

@@ -142,3 +142,40 @@ def test_serve_takes_over_from_an_idle_warm_engine(stand_in, local, serve_here, 
     assert stand_in.wait(timeout=20) == -signal.SIGTERM  # the idle one was stopped first
     assert f"stopped the idle warm engine of 'local' (pid {stand_in.pid})" in capsys.readouterr().err
     assert not registry.state_file(local.name).exists()
+
+
+@pytest.mark.parametrize("settings", ["same", "earlier"])
+def test_a_front_end_that_loses_the_record_stops_its_engine_and_waits_for_the_recorded_one(local, monkeypatch, settings):
+    """The race itself: while a front-end launches a warm engine, `termchat
+    serve` records one of the same profile. The front-end's engine goes,
+    nothing is written over serve's record, and the front-end waits for
+    serve's engine (which, a look-alike, never answers: the wait times out),
+    or, if serve runs the profile's earlier settings, says so."""
+    import asyncio
+    import dataclasses
+
+    from termchat.engine.connect import open_engine_async
+    from termchat.engine.process import EngineError
+    from termchat.errors import UserError
+
+    warm = dataclasses.replace(local, keep_alive=60.0)
+    served = warm if settings == "same" else dataclasses.replace(warm, max_model_len=1024)
+    with server_lookalike() as ours, server_lookalike() as serves:
+        path = registry.state_file(local.name)
+        theirs = record_of(serves.pid, served, keep_alive=None)
+        launched = []
+
+        def launch(profile, keep_alive=0.0):
+            launched.append(keep_alive)
+            state.write_record(path, theirs)  # serve recorded its engine meanwhile
+            return ManagedEngine(profile=profile, base_url="http://127.0.0.1:8/v1", api_key="k", model_name=profile.model, pid=ours.pid, owned=True)
+
+        monkeypatch.setattr(ManagedEngine, "launch", staticmethod(launch))
+        expected = (EngineError, "did not become ready within 1 s; see /tmp/log") if settings == "same" else (UserError, "earlier settings")
+        with pytest.raises(expected[0], match=expected[1]):  # waited for serve's engine (its log), or told why not
+            asyncio.run(open_engine_async(warm, keep_warm=True, timeout=1.0))
+        assert launched == [60.0]  # one launch
+        assert ours.wait(timeout=20) == -signal.SIGTERM  # the front-end's own engine was stopped
+        assert serves.poll() is None  # serve's is not the front-end's to stop
+        assert state.read_record(path) == theirs
+        assert not state.live_leases(ours.pid)

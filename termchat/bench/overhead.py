@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             # `termchat ask --profile NAME` attaches to a served engine of that name
             there = registry.write_state(engine)
             if there is not None:
-                raise UserError(registry.in_the_way(profile.name, there))
+                raise UserError(registry.in_the_way(profile, there))
             direct(engine, args.max_tokens)  # warm-up: the first request after start-up is slow
             a, b = [], []
             for run in range(args.runs):

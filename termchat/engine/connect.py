@@ -50,14 +50,17 @@ async def open_engine_async(
         if keep_alive > 0:
             engine.lease = state.take_lease(engine.pid)  # before the engine's watchdog first looks
             # findable while it starts: a second front-end waits for it
-            if registry.write_state(engine, keep_alive) is not None:  # another engine of the profile was recorded meanwhile: use that one
+            there = registry.write_state(engine, keep_alive)
+            if there is not None:  # another engine of the profile was recorded meanwhile: that one is used, if it can be
                 await asyncio.to_thread(engine.stop)
+                if there.fingerprint != registry.fingerprint(profile):
+                    raise UserError(registry.in_the_way(profile, there))
                 continue
         if launched is not None:
             launched(engine)
         await engine.wait_ready_async(timeout=timeout, progress=progress)
         return engine
-    raise UserError(f"profile '{profile.name}': another engine of it was started at the same moment, twice; try again")
+    raise UserError(f"profile '{profile.name}': another engine of it started at the same moment twice, and went; try again")
 
 
 def open_engine(profile: Profile, progress: Progress | None = None, attach: bool = True, timeout: float = 600.0, keep_warm: bool = False) -> Engine:

@@ -85,12 +85,16 @@ def live_record(profile_name: str) -> state.EngineRecord | None:
     return None
 
 
-def in_the_way(profile_name: str, record: state.EngineRecord) -> str:
+def in_the_way(profile: Profile, record: state.EngineRecord) -> str:
     """Why a second engine of this profile does not start, and what to do."""
     users = len(state.live_leases(record.pid))
     whose = "`termchat serve`" if record.keep_alive is None else f"a front-end, kept warm, used by {users} now"
-    return (f"profile '{profile_name}' already has an engine (pid {record.pid} at {record.base_url}, started by {whose}): "
-            f"`termchat ask --profile {profile_name}` uses it; `termchat stop {profile_name}` ends it")
+    name = profile.name
+    if record.fingerprint != fingerprint(profile):
+        return (f"profile '{name}' still has an engine of its earlier settings (pid {record.pid}, started by {whose}): "
+                f"`termchat stop {name}` ends it, then start again")
+    return (f"profile '{name}' already has an engine (pid {record.pid} at {record.base_url}, started by {whose}): "
+            f"`termchat ask --profile {name}` uses it; `termchat stop {name}` ends it")
 
 
 def remove_state(profile_name: str, pid: int) -> None:
