@@ -47,3 +47,43 @@ def test_inductors_cpp_wrapper_is_one_line_of_the_budget_not_outside_the_graph()
               ("CompiledFxGraph.__call__", "output_code.py", 763), ("_wrap_func.<locals>.g", "cybhlbg2ty.py", 4501)]
     assert step.classify(frames, Lines()) == step.CPP_GRAPH
     assert step.classify(frames[:-1], Lines()) == "forward: outside the graph"
+
+
+PERF_SCRIPT = """ 100 
+\t          101755 _PyEval_EvalFrameDefault (/usr/lib/libpython3.11.so.1.0)
+\t    7f6d18e3e040 [unknown] ([unknown])
+
+ 101 
+\t           1de62 [unknown] (/venv/torch/lib/libgomp.so.1)
+\t               0 [unknown] ([unknown])
+
+ 101 
+\t           2b013 (anonymous namespace)::q4_1_few_rows_tile<1> (/venv/termchat-ggml/termchat_ggml.so)
+\t           1e02a [unknown] (/venv/torch/lib/libgomp.so.1)
+
+ 100 
+\t           3c0d1 own::scores<64l, 3l, 4l> (/venv/termchat-ggml/termchat_ggml.so)
+
+ 100 
+\t           1e02a [unknown] (/venv/torch/lib/libgomp.so.1)
+\t           3c0d1 ggml_linear (/venv/termchat-ggml/termchat_ggml.so)
+
+ 100 
+\t        ffffffff do_syscall_64 ([kernel.kallsyms])
+
+ 102 
+\t           11111 something_else (/usr/lib/libfoo.so)
+"""
+
+
+def test_native_samples_go_under_the_kind_their_frames_name():
+    by_thread = step.native_samples(PERF_SCRIPT)
+    assert by_thread["100"] == {"Python": 1, "attention (termchat's kernel)": 1, "waiting in OpenMP (barrier or dock)": 1,
+                                "the kernel (system calls, faults, switches)": 1}
+    assert by_thread["101"] == {"waiting in OpenMP (barrier or dock)": 1, "matmuls and output layer (ggml)": 1}
+    assert by_thread["102"] == {"other": 1}
+    table = step.native_table(by_thread, "100", hz=1, seconds=10, step_ms=5.0)  # 10 possible samples a thread
+    assert "step thread" in table[0] and "OpenMP worker" in table[0]  # the busiest other thread: 101, not 102
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in table[2:]}
+    assert rows["Python"][0] == "0.50" and rows["waiting in OpenMP (barrier or dock)"] == ["0.50", "0.50 |"]
+    assert rows["off a core (not sampled)"] == ["3.00", "4.00 |"]  # 6 of 10 and 8 of 10 samples missing, of 5 ms

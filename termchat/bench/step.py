@@ -4,6 +4,7 @@
     python -m termchat.bench.step --profile local --speculative --category edit
     python -m termchat.bench.step --profile local --speculative --category chat --temperature 0.7
     python -m termchat.bench.step --op-kinds    # the forward by op kind (inductor's Python wrapper)
+    python -m termchat.bench.step --native      # then the native view: how long the OpenMP worker waits for the step thread
 
 Starts the profile's engine (plain: the profile's speculation is left out,
 unless --speculative keeps it, to see what a verification step adds),
@@ -19,6 +20,12 @@ scheduler, the sampler, output processing, and the rest. Shares are of the
 step thread's busy samples; "ms a step" is the share times the unprofiled
 step. The API server's and the engine core's CPU time over the window come
 from /proc. Every later cut to the step shows as a line of this table.
+
+With --native, Linux perf then samples the engine core's native stacks as
+long: the step thread's and the OpenMP worker's time by kind (ggml, the
+attention kernel, Python, torch's dispatch, waiting in OpenMP, off a core).
+The worker's wait is the step's serial part: while one thread runs Python
+and dispatch, the other has nothing to do.
 """
 
 from __future__ import annotations
@@ -65,8 +72,50 @@ STAGES = [
     ("scheduler", ("schedule", "update_from_output")),
     ("output processing", ("process_outputs", "_process_engine_step", "put_nowait", "send", "serialize", "encode")),
 ]
+NATIVE_HZ = 499
 CPP_GRAPH = "forward: the compiled graph (C++ wrapper; --op-kinds splits it)"
 IDLE = ("_process_input_queue", "get", "wait", "poll", "select", "recv", "sleep")
+
+# --native: what a perf sample of the engine core's threads was running, by its frames (innermost
+# first, "symbol (library)"); first match wins
+NATIVE = [
+    ("waiting in OpenMP (barrier or dock)", lambda frames: "libgomp" in frames[0]),
+    ("matmuls and output layer (ggml)", lambda frames: any("termchat_ggml" in f and ("few_rows" in f or "quantize_row" in f or "ggml_" in f) for f in frames)),
+    ("attention (termchat's kernel)", lambda frames: any("termchat_ggml" in f and ("own::" in f or f.startswith("attend ")) for f in frames)),
+    ("norms", lambda frames: any("rms_norm" in f for f in frames)),
+    ("inductor's fused kernels", lambda frames: any("cpp_fused" in f or "kernel_cpp" in f for f in frames)),
+    ("Python", lambda frames: "libpython" in frames[0]),
+    ("torch, libc (dispatch, allocation)", lambda frames: any(lib in frames[0] for lib in ("libtorch", "libc10", "libc.so", "libstdc++", "libm.so"))),
+    ("the kernel (system calls, faults, switches)", lambda frames: "[kernel" in frames[0]),
+]
+
+
+def native_samples(text: str) -> dict[str, Counter]:
+    """`perf script -F tid,ip,sym,dso` of a call-graph recording: per thread
+    id, the samples by NATIVE kind ("other" when none matches)."""
+    by_thread: dict[str, Counter] = {}
+    for block in text.split("\n\n"):
+        lines = [line.strip() for line in block.strip().splitlines() if line.strip()]
+        if len(lines) < 2 or not lines[0].isdigit():
+            continue
+        frames = [line.split(None, 1)[1] if " " in line else line for line in lines[1:]]  # drop the address
+        kind = next((k for k, test in NATIVE if test(frames)), "other")
+        by_thread.setdefault(lines[0], Counter())[kind] += 1
+    return by_thread
+
+
+def native_table(by_thread: dict[str, Counter], step_tid: str, hz: int, seconds: float, step_ms: float) -> list[str]:
+    """The step thread and the OpenMP worker (the busiest other thread), each
+    kind as ms of a step; what neither ran (off a core) is the rest."""
+    others = sorted((t for t in by_thread if t != step_tid), key=lambda t: -sum(by_thread[t].values()))
+    shown = [("step thread", step_tid)] + ([("OpenMP worker", others[0])] if others else [])
+    possible = hz * seconds
+    out = ["| kind | " + " | ".join(f"{name}: ms of a step" for name, _ in shown) + " |", "|---|" + "---|" * len(shown)]
+    kinds = [k for k, _ in NATIVE] + ["other"]
+    for kind in kinds:
+        out.append(f"| {kind} | " + " | ".join(f"{by_thread.get(t, Counter())[kind] / possible * step_ms:.2f}" for _, t in shown) + " |")
+    out.append("| off a core (not sampled) | " + " | ".join(f"{max(0.0, 1 - sum(by_thread.get(t, Counter()).values()) / possible) * step_ms:.2f}" for _, t in shown) + " |")
+    return out
 
 
 def _stack(line: str) -> tuple[list[tuple[str, str, int]], int]:
@@ -149,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (top_p --top-p, no seed, as the TUI asks) instead of greedily")
     parser.add_argument("--top-p", type=float, default=0.95, help="with --temperature above 0")
     parser.add_argument("--file", help="a user-size file instead (1.7b or 7b, bench/user_files.py), added and served from a one-line profile")
+    parser.add_argument("--native", action="store_true",
+                        help="then sample the engine core's native stacks with Linux perf (Debian: apt install linux-perf) as long: "
+                             "the step thread's and the OpenMP worker's time by kind, waits included")
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
@@ -160,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     from termchat.engine.client import Sampling, complete_sync
     from termchat.engine.connect import open_engine
 
+    perf = shutil.which("perf")
+    if args.native and perf is None:
+        print("perf is not installed here (Debian: apt install linux-perf)", file=sys.stderr)
+        return 2
     if args.file and args.file not in user_files.SHAPES:
         parser.error(f"--file takes {', '.join(user_files.SHAPES)}")
     base = added_profile(args.file)[0] if args.file else termchat_profile(profile_specs(parser, args.profile)[0])
@@ -209,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([spy, "record", "--pid", str(core), "--rate", str(args.rate), "--duration", str(int(args.seconds)), "--nonblocking",
                             "--threads", "--format", "raw", "--output", str(out)], check=True, capture_output=True)
             after = (proc.cpu_ticks(engine.pid), proc.cpu_ticks(core), time.monotonic())
+            native = None
+            if args.native:  # after py-spy, not beside it
+                data = Path(tmp) / "perf.data"
+                subprocess.run([perf, "record", "-F", str(NATIVE_HZ), "-g", "-p", str(core), "-o", str(data), "--", "sleep", str(args.seconds)],
+                               check=True, capture_output=True)
+                script = subprocess.run([perf, "script", "-i", str(data), "-F", "tid,ip,sym,dso"], check=True, capture_output=True, text=True, errors="replace")
+                native = native_samples(script.stdout)
             stop.set()
             worker.join()
             raw = out.read_text(errors="replace").splitlines()
@@ -241,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|")
     for component, n in sorted(((c, n) for c, n in counts.items() if c != "idle"), key=lambda cn: -cn[1]):
         print(f"| {component} | {n / busy:.1%} | {n / busy * step_ms:.2f} |")
+    if native is not None:
+        print(f"\nnative, `perf record -F {NATIVE_HZ} -g` of the engine core for {args.seconds:g} s after py-spy "
+              "(a kind is the sampled time over the window, as ms of an unprofiled step):")
+        print("\n".join(native_table(native, str(core), NATIVE_HZ, args.seconds, step_ms)))
     if lines.unsorted:
         print("\ngraph lines in \"other graph ops\" (samples of every thread):")
         for text, n in lines.unsorted.most_common(8):
