@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import shlex
 import signal
 import sys
@@ -132,14 +133,15 @@ def cmd_models_found(args) -> int:
 def cmd_serve(args) -> int:
     from termchat.engine import registry, state
     from termchat.engine.command import server_command
-    from termchat.engine.process import ManagedEngine
+    from termchat.engine.process import ManagedEngine, scalable_malloc
 
     profile = _config(args).get(args.profile)
     if profile.is_remote:
         raise UserError(f"profile '{profile.name}' points at a remote endpoint ({profile.endpoint}); there is nothing to serve here")
     if args.dry_run:
         print(shell_line(server_command(profile, args.port or "PORT", resolve_model=False)))  # exact, and inert on a terminal
-        env = " ".join(f"{shell_word(k)}={shell_word(v)}" for k, v in profile.env.items())
+        preload = scalable_malloc({**os.environ, **profile.env})
+        env = " ".join(f"{shell_word(k)}={shell_word(v)}" for k, v in {**profile.env, **({"LD_PRELOAD": preload} if preload else {})}.items())
         print(f"# environment: {env + ' ' if env else ''}VLLM_API_KEY=<random, per start>")
         return 0
     show, done = _progress_printer()

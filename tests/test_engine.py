@@ -226,6 +226,27 @@ def test_the_engine_has_one_gloo_loop_thread(shared_engine):
     assert names.count("gloo_tcp_loop") == 1, names
 
 
+def test_the_engine_allocates_with_onetbbs_malloc(shared_engine):
+    """The engine's processes run with oneTBB's scalable malloc preloaded
+    (process.scalable_malloc): glibc's malloc took 3% of the step thread."""
+    from termchat.engine.proc import group_members
+
+    members = group_members(shared_engine.pid)
+    assert len(members) >= 2  # the server and its engine core
+    for pid in members:
+        with open(f"/proc/{pid}/maps") as maps:
+            assert "libtbbmalloc_proxy.so" in maps.read(), pid
+
+
+def test_the_allocator_stays_glibcs_when_the_user_preloads_or_says_so():
+    from termchat.engine.process import scalable_malloc
+
+    ours = scalable_malloc({})
+    assert ours is not None and [p.rsplit("/", 1)[-1] for p in ours.split(":")] == ["libtbbmalloc.so.2", "libtbbmalloc_proxy.so.2"]
+    assert scalable_malloc({"TERMCHAT_MALLOC": "glibc"}) is None
+    assert scalable_malloc({"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4"}) is None  # the user's choice stays
+
+
 def test_a_start_that_compiles_says_so_and_one_that_loads_the_cache_does_not(tmp_path):
     """The progress of an engine start names the long phase (vLLM compiling the
     model on the first start of its settings) from vLLM's own log lines, and

@@ -85,7 +85,7 @@ NATIVE = [
     ("norms", lambda frames: any("rms_norm" in f for f in frames)),
     ("inductor's fused kernels", lambda frames: any("cpp_fused" in f or "kernel_cpp" in f for f in frames)),
     ("Python", lambda frames: "libpython" in frames[0]),
-    ("torch, libc (dispatch, allocation)", lambda frames: any(lib in frames[0] for lib in ("libtorch", "libc10", "libc.so", "libstdc++", "libm.so"))),
+    ("torch, libc (dispatch, allocation)", lambda frames: any(lib in frames[0] for lib in ("libtorch", "libc10", "libc.so", "libstdc++", "libm.so", "libtbbmalloc"))),
     ("the kernel (system calls, faults, switches)", lambda frames: "[kernel" in frames[0]),
 ]
 
