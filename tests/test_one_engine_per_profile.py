@@ -19,8 +19,9 @@ from termchat import cli
 from termchat.engine import proc, registry, state
 from termchat.engine.endpoint import EngineState
 from termchat.engine.process import ManagedEngine
-from termchat.profiles import builtin_profiles
+from termchat.profiles import load_config
 
+from .conftest import engine_profile
 from .standin import server_lookalike
 
 
@@ -40,29 +41,37 @@ def engine_of(pid: int, profile) -> ManagedEngine:
 
 
 @pytest.fixture
-def local():
-    profile = builtin_profiles()["local"]
+def config(tmp_path):
+    """A profile of its own: the session's shared engine is `local`'s, and its record must stay."""
+    path = tmp_path / "config.toml"
+    path.write_text(engine_profile("one-engine", max_model_len=2048))
+    return path
+
+
+@pytest.fixture
+def profile(config):
+    profile = load_config(config).get("one-engine")
     yield profile
     registry.state_file(profile.name).unlink(missing_ok=True)
 
 
-def test_a_live_engines_record_is_never_written_over(stand_in, local):
-    path = registry.state_file(local.name)
-    theirs = record_of(stand_in.pid, local, keep_alive=60.0)
+def test_a_live_engines_record_is_never_written_over(stand_in, profile):
+    path = registry.state_file(profile.name)
+    theirs = record_of(stand_in.pid, profile, keep_alive=60.0)
     state.write_record(path, theirs)
-    assert registry.write_state(engine_of(os.getpid(), local)) == theirs
+    assert registry.write_state(engine_of(os.getpid(), profile)) == theirs
     assert state.read_record(path) == theirs  # untouched
 
 
 @pytest.mark.parametrize("content", [b"", b"{not json", None])
-def test_an_empty_damaged_or_stale_record_is_replaced(local, content):
-    path = registry.state_file(local.name)
+def test_an_empty_damaged_or_stale_record_is_replaced(profile, content):
+    path = registry.state_file(profile.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     if content is None:
-        state.write_record(path, record_of(4_000_000, local, keep_alive=60.0))  # no such process
+        state.write_record(path, record_of(4_000_000, profile, keep_alive=60.0))  # no such process
     else:
         path.write_bytes(content)
-    assert registry.write_state(engine_of(os.getpid(), local), keep_alive=30.0) is None
+    assert registry.write_state(engine_of(os.getpid(), profile), keep_alive=30.0) is None
     written = state.read_record(path)
     assert written is not None and written.pid == os.getpid() and written.keep_alive == 30.0
     assert oct(path.stat().st_mode & 0o777) == "0o600"
@@ -81,19 +90,19 @@ def test_two_writers_at_once_one_wins():
         where.unlink(missing_ok=True)
 
 
-def test_a_served_engine_still_starting_is_waited_for_not_doubled(stand_in, local):
+def test_a_served_engine_still_starting_is_waited_for_not_doubled(stand_in, profile):
     """`termchat serve` records its engine at launch; a front-end that comes
     meanwhile gets it as starting (and waits), where it used to start a second."""
-    state.write_record(registry.state_file(local.name), record_of(stand_in.pid, local, keep_alive=None))
-    assert registry.find_served(local) is None  # not answering yet: not ready for a caller that does not wait
-    found = registry.find_served(local, lease=True, starting=True)
+    state.write_record(registry.state_file(profile.name), record_of(stand_in.pid, profile, keep_alive=None))
+    assert registry.find_served(profile) is None  # not answering yet: not ready for a caller that does not wait
+    found = registry.find_served(profile, lease=True, starting=True)
     assert found is not None and found.pid == stand_in.pid and found.state == EngineState.STARTING
     assert found.lease is None  # serve's engine lives as long as serve: no lease
 
 
 @pytest.fixture
-def serve_here(monkeypatch):
-    """`termchat serve --profile local` in this process, its signal handlers
+def serve_here(monkeypatch, config):
+    """`termchat serve --profile one-engine` in this process, its signal handlers
     left out; a launch is recorded and ends the command."""
     launches = []
 
@@ -109,7 +118,7 @@ def serve_here(monkeypatch):
 
     def run():
         try:
-            return cli.main(["serve", "--profile", "local"])
+            return cli.main(["serve", "--config", str(config), "--profile", "one-engine"])
         except Launched:
             return "launched"
 
@@ -117,10 +126,10 @@ def serve_here(monkeypatch):
 
 
 @pytest.mark.parametrize("keep_alive, leased", [(None, False), (60.0, True)])
-def test_serve_refuses_a_profile_whose_engine_is_served_or_in_use(stand_in, local, serve_here, capsys, keep_alive, leased):
+def test_serve_refuses_a_profile_whose_engine_is_served_or_in_use(stand_in, profile, serve_here, capsys, keep_alive, leased):
     run, launches = serve_here
-    path = registry.state_file(local.name)
-    theirs = record_of(stand_in.pid, local, keep_alive=keep_alive)
+    path = registry.state_file(profile.name)
+    theirs = record_of(stand_in.pid, profile, keep_alive=keep_alive)
     state.write_record(path, theirs)
     lease = state.take_lease(stand_in.pid) if leased else None
     try:
@@ -129,23 +138,23 @@ def test_serve_refuses_a_profile_whose_engine_is_served_or_in_use(stand_in, loca
         if lease is not None:
             state.drop_lease(lease)
     err = capsys.readouterr().err
-    assert f"pid {stand_in.pid}" in err and "termchat stop local" in err and "Traceback" not in err
+    assert f"pid {stand_in.pid}" in err and "termchat stop one-engine" in err and "Traceback" not in err
     assert launches == [] and stand_in.poll() is None  # nothing started, nothing stopped
     assert state.read_record(path) == theirs
 
 
-def test_serve_takes_over_from_an_idle_warm_engine(stand_in, local, serve_here, capsys):
+def test_serve_takes_over_from_an_idle_warm_engine(stand_in, profile, serve_here, capsys):
     run, launches = serve_here
-    state.write_record(registry.state_file(local.name), record_of(stand_in.pid, local, keep_alive=60.0))
+    state.write_record(registry.state_file(profile.name), record_of(stand_in.pid, profile, keep_alive=60.0))
     assert run() == "launched"
-    assert launches == ["local"]
+    assert launches == ["one-engine"]
     assert stand_in.wait(timeout=20) == -signal.SIGTERM  # the idle one was stopped first
-    assert f"stopped the idle warm engine of 'local' (pid {stand_in.pid})" in capsys.readouterr().err
-    assert not registry.state_file(local.name).exists()
+    assert f"stopped the idle warm engine of 'one-engine' (pid {stand_in.pid})" in capsys.readouterr().err
+    assert not registry.state_file(profile.name).exists()
 
 
 @pytest.mark.parametrize("settings", ["same", "earlier"])
-def test_a_front_end_that_loses_the_record_stops_its_engine_and_waits_for_the_recorded_one(local, monkeypatch, settings):
+def test_a_front_end_that_loses_the_record_stops_its_engine_and_waits_for_the_recorded_one(profile, monkeypatch, settings):
     """The race itself: while a front-end launches a warm engine, `termchat
     serve` records one of the same profile. The front-end's engine goes,
     nothing is written over serve's record, and the front-end waits for
@@ -158,10 +167,10 @@ def test_a_front_end_that_loses_the_record_stops_its_engine_and_waits_for_the_re
     from termchat.engine.process import EngineError
     from termchat.errors import UserError
 
-    warm = dataclasses.replace(local, keep_alive=60.0)
+    warm = dataclasses.replace(profile, keep_alive=60.0)
     served = warm if settings == "same" else dataclasses.replace(warm, max_model_len=1024)
     with server_lookalike() as ours, server_lookalike() as serves:
-        path = registry.state_file(local.name)
+        path = registry.state_file(profile.name)
         theirs = record_of(serves.pid, served, keep_alive=None)
         launched = []
 
